@@ -1,0 +1,116 @@
+"""Settings of ``broker serve``, read from the environment (see ``docs/CONFIG.md``); CLI flags win.
+
+:func:`load_settings` is the one way to build :class:`Settings`: it reads ``BROKER_*`` variables from a
+mapping (``os.environ`` by default) and then applies explicit overrides (the CLI flags), so tests never
+touch the process environment.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from broker.errors import SpecError
+
+__all__ = ["Settings", "load_settings", "DEFAULT_PROVIDERS"]
+
+DEFAULT_PROVIDERS: tuple[str, ...] = ("onprem", "aws", "azure", "gcp")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the service needs to start. Paths are absolute once built by :func:`load_settings`.
+
+    ``database_url`` empty means ``sqlite:///<data_dir>/broker.db``; see :attr:`effective_database_url`.
+    ``dry_run_speedup`` divides the wall time of dry-run cloud jobs (the demo uses a large factor so a 1 h
+    estimate finishes in seconds); 1.0 means real time. ``scheduler_enabled`` False runs only the API
+    (benchmarks and API tests drive the scheduler by hand).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    data_dir: Path = field(default_factory=lambda: Path.home() / ".hybrid-broker")
+    database_url: str = ""
+    admin_token: str | None = None
+    catalog_dir: Path | None = None
+    inventory: Path | None = None
+    egress_config: Path | None = None
+    max_body_bytes: int = 1_048_576
+    scheduler_interval_seconds: float = 1.0
+    providers: tuple[str, ...] = DEFAULT_PROVIDERS
+    mqtt_url: str | None = None
+    mqtt_ca_file: Path | None = None
+    mqtt_cert_file: Path | None = None
+    mqtt_key_file: Path | None = None
+    ca_key_file: Path | None = None
+    log_level: str = "INFO"
+    dry_run_speedup: float = 1.0
+    scheduler_enabled: bool = True
+    scheduler_batch: int = 500
+    max_burst_jobs: int = 10_000
+
+    @property
+    def effective_database_url(self) -> str:
+        """The SQLAlchemy URL of the store (SQLite in the data directory unless ``database_url`` is set)."""
+        return self.database_url or f"sqlite:///{self.data_dir / 'broker.db'}"
+
+    def with_overrides(self, **overrides: Any) -> Settings:
+        """A copy with ``overrides`` applied; ``None`` values are ignored (an absent CLI flag)."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _path(value: str | None) -> Path | None:
+    return Path(value).expanduser().resolve() if value else None
+
+
+def _number(env: Mapping[str, str], key: str, default: float, *, integer: bool = False) -> Any:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        kind = "an integer" if integer else "a number"
+        raise SpecError(key, f"must be {kind}, got {raw!r}. To fix: set {key} to {kind}") from None
+    if value <= 0:
+        raise SpecError(key, f"must be positive, got {raw!r}. To fix: set {key} to a positive value")
+    return value
+
+
+def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Build :class:`Settings` from ``env`` (default ``os.environ``) and then ``overrides`` (CLI flags).
+
+    Raises :class:`SpecError` naming the variable when a value is malformed.
+    """
+    env = os.environ if env is None else env
+    data_dir_raw = overrides.pop("data_dir", None) or env.get("BROKER_DATA_DIR") or "~/.hybrid-broker"
+    data_dir = Path(data_dir_raw).expanduser().resolve()
+    providers_raw = env.get("BROKER_PROVIDERS")
+    providers = (
+        tuple(p.strip() for p in providers_raw.split(",") if p.strip()) if providers_raw else DEFAULT_PROVIDERS
+    )
+    ca_dir = data_dir / "ca"
+    settings = Settings(
+        host=env.get("BROKER_HOST") or "127.0.0.1",
+        port=_number(env, "BROKER_PORT", 8080, integer=True),
+        data_dir=data_dir,
+        database_url=env.get("BROKER_DATABASE_URL", ""),
+        admin_token=env.get("BROKER_ADMIN_TOKEN") or None,
+        catalog_dir=_path(env.get("BROKER_CATALOG_DIR")),
+        inventory=_path(env.get("BROKER_INVENTORY")),
+        egress_config=_path(env.get("BROKER_EGRESS_CONFIG")),
+        max_body_bytes=_number(env, "BROKER_MAX_BODY_BYTES", 1_048_576, integer=True),
+        scheduler_interval_seconds=_number(env, "BROKER_SCHEDULER_INTERVAL_SECONDS", 1.0),
+        providers=providers,
+        mqtt_url=env.get("BROKER_MQTT_URL") or None,
+        mqtt_ca_file=_path(env.get("BROKER_MQTT_CA_FILE")) or ca_dir / "ca.pem",
+        mqtt_cert_file=_path(env.get("BROKER_MQTT_CERT_FILE")) or ca_dir / "gateway.pem",
+        mqtt_key_file=_path(env.get("BROKER_MQTT_KEY_FILE")) or ca_dir / "gateway.key",
+        ca_key_file=_path(env.get("BROKER_CA_KEY_FILE")) or ca_dir / "ca.key",
+        log_level=(env.get("BROKER_LOG_LEVEL") or "INFO").upper(),
+        dry_run_speedup=_number(env, "BROKER_DRY_RUN_SPEEDUP", 1.0),
+    )
+    return settings.with_overrides(**overrides)

@@ -1,0 +1,131 @@
+"""Dry-run provider: what the broker uses for a cloud it has no credentials for.
+
+Launch creates nothing anywhere: it returns instances marked ``dry_run=True`` (and tagged
+``hb-dry-run=true``) that "run" for the job's duration estimate on the injected clock, then report
+``succeeded`` with exit code 0. Offers are whatever catalog offers it is given, so placement and
+reports work the same as with real credentials, and every instance says plainly that it was simulated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from broker.clock import Clock, SystemClock
+from broker.errors import InvalidRequestError, ProviderError
+from broker.model import Instance, InstanceState, JobSpec, Offer
+
+from .base import TAG_DRY_RUN, Capability, launch_tags, matches_tags
+
+__all__ = ["DryRunProvider", "DEFAULT_DURATION_HOURS"]
+
+DEFAULT_DURATION_HOURS = 1.0
+
+
+@dataclass
+class _Run:
+    instance: Instance
+    ends_at: datetime
+    terminated: bool = False
+
+
+class DryRunProvider:
+    """A simulated provider named ``name`` (e.g. ``aws``) selling ``offers``; see the module docstring.
+
+    Instance ids are ``dry-<name>-<hash of request id>-<n>`` so they are unique, deterministic per request
+    and visibly simulated. A launch lasts ``job.request.duration_hours`` (1 h without a job).
+    """
+
+    def __init__(self, name: str, offers: Iterable[Offer] = (), *, clock: Clock | None = None) -> None:
+        self.name = name
+        self.capabilities = frozenset(
+            {Capability.SPOT, Capability.GPUS, Capability.MULTI_NODE, Capability.TAGS, Capability.DRY_RUN}
+        )
+        self._offers = list(offers)
+        self._clock: Clock = clock or SystemClock()
+        self._lock = threading.Lock()
+        self._runs: dict[str, _Run] = {}
+        self._by_request: dict[str, list[str]] = {}
+
+    def offers(self) -> list[Offer]:
+        return list(self._offers)
+
+    def launch(
+        self,
+        offer: Offer,
+        count: int,
+        request_id: str,
+        *,
+        tags: Mapping[str, str],
+        job: JobSpec | None = None,
+    ) -> list[Instance]:
+        if count < 1:
+            raise InvalidRequestError(
+                f"{self.name} (dry-run): count must be >= 1, got {count}. To fix: ask for one or more.",
+                provider=self.name,
+                region=offer.region,
+                request_id=request_id,
+            )
+        duration_h = job.request.duration_hours if job is not None else DEFAULT_DURATION_HOURS
+        with self._lock:
+            if request_id in self._by_request:
+                return [self._state(self._runs[i]) for i in self._by_request[request_id]]
+            now = self._clock.now()
+            digest = hashlib.sha256(request_id.encode()).hexdigest()[:10]
+            all_tags = launch_tags(tags, request_id) | {TAG_DRY_RUN: "true"}
+            ids = []
+            for n in range(count):
+                iid = f"dry-{self.name}-{digest}-{n}"
+                inst = Instance(
+                    id=iid,
+                    provider=self.name,
+                    region=offer.region,
+                    zone=offer.location.zone,
+                    instance_type=offer.instance_type.name,
+                    state=InstanceState.RUNNING,
+                    tags=all_tags,
+                    launched_at=now,
+                    dry_run=True,
+                )
+                self._runs[iid] = _Run(inst, now + timedelta(hours=max(0.0, duration_h)))
+                ids.append(iid)
+            self._by_request[request_id] = ids
+            return [self._state(self._runs[i]) for i in ids]
+
+    def _state(self, run: _Run) -> Instance:
+        inst = run.instance
+        if run.terminated:
+            state, code = InstanceState.TERMINATED, None
+        elif self._clock.now() >= run.ends_at:
+            state, code = InstanceState.SUCCEEDED, 0
+        else:
+            state, code = InstanceState.RUNNING, None
+        return Instance(
+            id=inst.id,
+            provider=inst.provider,
+            region=inst.region,
+            instance_type=inst.instance_type,
+            state=state,
+            zone=inst.zone,
+            tags=inst.tags,
+            exit_code=code,
+            launched_at=inst.launched_at,
+            dry_run=True,
+        )
+
+    def instances(self, tags: Mapping[str, str] | None = None) -> list[Instance]:
+        with self._lock:
+            return [self._state(r) for r in self._runs.values() if matches_tags(r.instance.tags, tags)]
+
+    def terminate(self, ids: Sequence[str], request_id: str) -> None:
+        with self._lock:
+            for iid in ids:
+                run = self._runs.get(iid)
+                if run is not None:
+                    run.terminated = True
+
+    def poll_errors(self) -> list[ProviderError]:
+        return []

@@ -1,0 +1,249 @@
+"""Provisioning with failover: try a placement and its ranked alternatives in order.
+
+* ``CapacityError`` -> block that offer (provider, region, instance type, capacity kind) for
+  ``capacity_block_seconds`` and move on to the next option;
+* ``QuotaError`` -> block the whole region of that provider for ``quota_block_seconds`` and move on;
+* ``TransientError`` -> retry the same option after ``min(max_retry_delay, retry_delay * 2**n) * jitter``
+  seconds (``jitter`` uniform in [0.5, 1.0], slept on the injected clock), at most ``retry.backoff_limit``
+  retries in the whole call; past the limit the call gives up;
+* ``AuthError`` -> stop at once (retrying or failing over with the same credentials will not help);
+* ``InvalidRequestError`` -> this option cannot work as asked; move on without retrying.
+
+Every attempt is returned as an :class:`broker.model.Attempt`. When the call gives up, everything created
+for ``request_id`` on any provider touched (found by the ``hb-request`` tag) is terminated, so nothing is
+orphaned; on success, instances left by *other* failed options of the same request are terminated too.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from broker.clock import Clock
+from broker.errors import (
+    AuthError,
+    CapacityError,
+    InvalidRequestError,
+    ProviderError,
+    QuotaError,
+    TransientError,
+)
+from broker.model import Attempt, Instance, InstanceState, JobSpec, PlacementOption, RetryPolicy
+
+from .base import TAG_REQUEST, Provider, offer_from_option
+from .errors import map_exception
+
+__all__ = ["Blocklist", "ProvisionOutcome", "provision", "backoff_delay"]
+
+_DONE = {InstanceState.TERMINATED, InstanceState.SUCCEEDED, InstanceState.FAILED}
+
+
+class Blocklist:
+    """Offers and regions to avoid until a time, on a clock (thread-safe).
+
+    Keys are ``(provider, region, instance_type, capacity)`` for offers and ``(provider, region)`` for
+    regions. Expired entries are ignored and dropped lazily. Share one Blocklist between calls so a
+    capacity error seen for one job steers the next job away too.
+    """
+
+    def __init__(
+        self, clock: Clock, *, capacity_block_seconds: float = 300.0, quota_block_seconds: float = 1800.0
+    ) -> None:
+        self.clock = clock
+        self.capacity_block_seconds = capacity_block_seconds
+        self.quota_block_seconds = quota_block_seconds
+        self._until: dict[tuple[str, ...], tuple[datetime, str]] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def offer_key(option: PlacementOption) -> tuple[str, ...]:
+        return (option.provider, option.region, option.instance_type, option.capacity)
+
+    @staticmethod
+    def region_key(option: PlacementOption) -> tuple[str, ...]:
+        return (option.provider, option.region)
+
+    def block(self, key: tuple[str, ...], seconds: float, reason: str) -> None:
+        with self._lock:
+            until = self.clock.now() + timedelta(seconds=seconds)
+            old = self._until.get(key)
+            if old is None or old[0] < until:
+                self._until[key] = (until, reason)
+
+    def block_offer(self, option: PlacementOption, reason: str) -> None:
+        self.block(self.offer_key(option), self.capacity_block_seconds, reason)
+
+    def block_region(self, option: PlacementOption, reason: str) -> None:
+        self.block(self.region_key(option), self.quota_block_seconds, reason)
+
+    def reason(self, option: PlacementOption) -> str | None:
+        """Why ``option`` is blocked now (offer first, then region), or ``None`` when it is not."""
+        now = self.clock.now()
+        with self._lock:
+            for key in (self.offer_key(option), self.region_key(option)):
+                hit = self._until.get(key)
+                if hit is None:
+                    continue
+                if hit[0] <= now:
+                    del self._until[key]
+                    continue
+                return hit[1]
+        return None
+
+    def entries(self) -> dict[tuple[str, ...], datetime]:
+        """Keys blocked now, with their expiry."""
+        now = self.clock.now()
+        with self._lock:
+            return {k: v[0] for k, v in self._until.items() if v[0] > now}
+
+
+@dataclass(frozen=True)
+class ProvisionOutcome:
+    """The result of :func:`provision`: the instances and the option that got them (``option`` is ``None``
+    and ``error`` set when every option failed), and every attempt in order."""
+
+    instances: list[Instance]
+    option: PlacementOption | None
+    attempts: list[Attempt] = field(default_factory=list)
+    error: ProviderError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.option is not None and self.error is None
+
+
+def backoff_delay(retry: RetryPolicy, n: int, rng: random.Random) -> float:
+    """Seconds to wait before retry number ``n`` (0-based): ``min(max, base * 2**n) * U[0.5, 1.0]``."""
+    base = min(retry.max_retry_delay_seconds, retry.retry_delay_seconds * (2.0 ** min(n, 60)))
+    return base * rng.uniform(0.5, 1.0)
+
+
+def provision(
+    options: Sequence[PlacementOption],
+    get_provider: Callable[[str], Provider],
+    *,
+    request_id: str,
+    tags: Mapping[str, str],
+    job: JobSpec | None,
+    retry: RetryPolicy,
+    clock: Clock,
+    blocklist: Blocklist | None = None,
+    rng: random.Random | None = None,
+    count: int = 1,
+) -> ProvisionOutcome:
+    """Provision ``count`` instances on the first option that works (see the module docstring).
+
+    ``tags`` should carry ``hb-job``; ``hb-request`` is set to ``request_id``. The same ``request_id`` is
+    passed to every option's launch, so a retried call after a crash stays idempotent per provider.
+    Never raises a ``ProviderError``: failures come back in ``error`` with every attempt recorded.
+    """
+    blocks = blocklist if blocklist is not None else Blocklist(clock)
+    rand = rng if rng is not None else random.Random()
+    all_tags = dict(tags) | {TAG_REQUEST: request_id}
+    attempts: list[Attempt] = []
+    touched: dict[str, Provider] = {}
+    retries_used = 0
+    last_error: ProviderError | None = None
+
+    def record(option: PlacementOption, outcome: str, message: str = "", delay: float = 0.0,
+               retryable: bool = False) -> None:
+        attempts.append(
+            Attempt(
+                provider=option.provider,
+                region=option.region,
+                instance_type=option.instance_type,
+                capacity=option.capacity,
+                outcome=outcome,
+                message=message,
+                at=clock.now(),
+                delay_seconds=delay,
+                retryable=retryable,
+            )
+        )
+
+    for option in options:
+        why = blocks.reason(option)
+        if why is not None:
+            record(option, "skipped", f"blocked: {why}")
+            continue
+        try:
+            provider = get_provider(option.provider)
+        except ProviderError as exc:
+            last_error = exc
+            record(option, exc.kind, str(exc), retryable=exc.retryable)
+            if isinstance(exc, AuthError):
+                break
+            continue
+        touched[option.provider] = provider
+        offer = offer_from_option(option)
+        while True:
+            try:
+                got = provider.launch(offer, count, request_id, tags=all_tags, job=job)
+            except Exception as raw:  # noqa: BLE001 - adapters should map, but never trust it
+                exc = map_exception(raw, option.provider, option.region, request_id)
+                if exc is None:
+                    exc = ProviderError(
+                        f"{option.provider}:{option.region}: unexpected {type(raw).__name__}: {raw}. "
+                        "To fix: report this adapter bug; the broker treats it as a failed option.",
+                        provider=option.provider,
+                        region=option.region,
+                        request_id=request_id,
+                    )
+                last_error = exc
+                if isinstance(exc, TransientError):
+                    if retries_used >= retry.backoff_limit:
+                        record(option, "transient", f"{exc} (gave up after {retries_used} retries)",
+                               retryable=True)
+                        return _abandon(touched, request_id, attempts, exc)
+                    delay = backoff_delay(retry, retries_used, rand)
+                    retries_used += 1
+                    record(option, "transient", str(exc), delay=delay, retryable=True)
+                    clock.sleep(delay)
+                    continue
+                record(option, exc.kind, str(exc), retryable=exc.retryable)
+                if isinstance(exc, CapacityError):
+                    blocks.block_offer(option, str(exc))
+                elif isinstance(exc, QuotaError):
+                    blocks.block_region(option, str(exc))
+                elif isinstance(exc, AuthError):
+                    return _abandon(touched, request_id, attempts, exc)
+                elif isinstance(exc, InvalidRequestError):
+                    pass
+                _cleanup_provider(provider, request_id, keep=())
+                break
+            else:
+                record(option, "launched", f"{len(got)} instance(s): {', '.join(i.id for i in got)}")
+                keep = {i.id for i in got}
+                for name, other in touched.items():
+                    _cleanup_provider(other, request_id, keep=keep if name == option.provider else ())
+                return ProvisionOutcome(instances=got, option=option, attempts=attempts, error=None)
+
+    if last_error is None:
+        last_error = CapacityError(
+            "no placement option could be tried (all blocked or none given). To fix: wait for the blocks "
+            "to expire, or widen the job's placement (providers, regions, spot).",
+            request_id=request_id,
+        )
+    return _abandon(touched, request_id, attempts, last_error)
+
+
+def _cleanup_provider(provider: Provider, request_id: str, keep: Sequence[str] | set[str]) -> None:
+    """Terminate every live instance tagged with ``request_id`` on ``provider`` except ``keep``."""
+    try:
+        found = provider.instances({TAG_REQUEST: request_id})
+        ids = [i.id for i in found if i.id not in keep and i.state not in _DONE]
+        if ids:
+            provider.terminate(ids, f"{request_id}:cleanup")
+    except Exception:  # noqa: BLE001 - cleanup is best effort; the broker reconciles by tag later
+        return
+
+
+def _abandon(
+    touched: Mapping[str, Provider], request_id: str, attempts: list[Attempt], error: ProviderError
+) -> ProvisionOutcome:
+    for provider in touched.values():
+        _cleanup_provider(provider, request_id, keep=())
+    return ProvisionOutcome(instances=[], option=None, attempts=attempts, error=error)
