@@ -25,6 +25,7 @@ __all__ = [
     "parse_quantity",
     "parse_cpu",
     "parse_memory_gib",
+    "resources_of",
 ]
 
 CPU = "cpu"
@@ -67,14 +68,14 @@ def parse_cpu(value: object, *, field_name: str = "cpu") -> float:
 
 
 def parse_memory_gib(value: object, *, field_name: str = "memory") -> float:
-    """GiB from a memory quantity. A bare number is read as GiB (the job spec's convention), a suffixed one
-    as bytes (``"512Mi"`` -> 0.5)."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return parse_quantity(value, field_name=field_name)
+    """GiB from a memory quantity (``"512Mi"`` -> 0.5). A bare number is bytes, as in Kubernetes (and
+    ``broker/spec.py``); a bare number below 4096 is refused as the likely mistake it is."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 4096:
+        raise SpecError(field_name, f"{value!r} without a unit means {value} bytes. To fix: write {value}Gi")
     text = str(value).strip()
-    if re.fullmatch(r"[0-9]*\.?[0-9]+", text):
-        return float(text)
-    return parse_quantity(text, field_name=field_name) / 2**30
+    if re.fullmatch(r"[0-9]*\.?[0-9]+", text) and 0 < float(text) < 4096:
+        raise SpecError(field_name, f"{value!r} without a unit means {text} bytes. To fix: write {text}Gi")
+    return parse_quantity(value, field_name=field_name) / 2**30
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +134,8 @@ def _gpu_of(resources: Mapping[str, float]) -> float:
     return 0.0
 
 
-def _resources_of(resources: Mapping[str, float]) -> Resources:
+def resources_of(resources: Mapping[str, float]) -> Resources:
+    """The :class:`Resources` of a ``cpu``/``memory``/``nvidia.com/gpu`` map (missing keys are 0)."""
     return Resources(
         cpu=float(resources.get(CPU, 0.0)),
         memory_gib=float(resources.get(MEMORY, resources.get("memory_gib", 0.0))),
@@ -173,8 +175,8 @@ class Workload:
     @property
     def per_node(self) -> Resources:
         """Requested resources of one node; a limit stands in for a missing request (as Kubernetes does)."""
-        req = _resources_of(self.requests)
-        lim = _resources_of(self.limits)
+        req = resources_of(self.requests)
+        lim = resources_of(self.limits)
         return Resources(
             cpu=req.cpu if CPU in self.requests else lim.cpu,
             memory_gib=req.memory_gib if (MEMORY in self.requests or "memory_gib" in self.requests)

@@ -144,7 +144,7 @@ def provision(
     rand = rng if rng is not None else random.Random()
     all_tags = dict(tags) | {TAG_REQUEST: request_id}
     attempts: list[Attempt] = []
-    touched: dict[str, Provider] = {}
+    touched: dict[str, Provider] = {}  # providers where a launch failed: the ones that may hold orphans
     retries_used = 0
     last_error: ProviderError | None = None
 
@@ -177,40 +177,40 @@ def provision(
             if isinstance(exc, AuthError):
                 break
             continue
-        touched[option.provider] = provider
         offer = offer_from_option(option)
         while True:
             try:
                 got = provider.launch(offer, count, request_id, tags=all_tags, job=job)
             except Exception as raw:  # noqa: BLE001 - adapters should map, but never trust it
-                exc = map_exception(raw, option.provider, option.region, request_id)
-                if exc is None:
-                    exc = ProviderError(
+                err = map_exception(raw, option.provider, option.region, request_id)
+                if err is None:
+                    err = ProviderError(
                         f"{option.provider}:{option.region}: unexpected {type(raw).__name__}: {raw}. "
                         "To fix: report this adapter bug; the broker treats it as a failed option.",
                         provider=option.provider,
                         region=option.region,
                         request_id=request_id,
                     )
-                last_error = exc
-                if isinstance(exc, TransientError):
+                last_error = err
+                touched[option.provider] = provider
+                if isinstance(err, TransientError):
                     if retries_used >= retry.backoff_limit:
-                        record(option, "transient", f"{exc} (gave up after {retries_used} retries)",
+                        record(option, "transient", f"{err} (gave up after {retries_used} retries)",
                                retryable=True)
-                        return _abandon(touched, request_id, attempts, exc)
+                        return _abandon(touched, request_id, attempts, err)
                     delay = backoff_delay(retry, retries_used, rand)
                     retries_used += 1
-                    record(option, "transient", str(exc), delay=delay, retryable=True)
+                    record(option, "transient", str(err), delay=delay, retryable=True)
                     clock.sleep(delay)
                     continue
-                record(option, exc.kind, str(exc), retryable=exc.retryable)
-                if isinstance(exc, CapacityError):
-                    blocks.block_offer(option, str(exc))
-                elif isinstance(exc, QuotaError):
-                    blocks.block_region(option, str(exc))
-                elif isinstance(exc, AuthError):
-                    return _abandon(touched, request_id, attempts, exc)
-                elif isinstance(exc, InvalidRequestError):
+                record(option, err.kind, str(err), retryable=err.retryable)
+                if isinstance(err, CapacityError):
+                    blocks.block_offer(option, str(err))
+                elif isinstance(err, QuotaError):
+                    blocks.block_region(option, str(err))
+                elif isinstance(err, AuthError):
+                    return _abandon(touched, request_id, attempts, err)
+                elif isinstance(err, InvalidRequestError):
                     pass
                 _cleanup_provider(provider, request_id, keep=())
                 break

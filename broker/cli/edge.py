@@ -1,9 +1,153 @@
-"""`broker` CLI commands: edge (owned by the edge work; see broker/cli/__init__.py)."""
+"""`broker` CLI commands of the edge fleet: ``ca init``, ``devices enroll-token|list|revoke``, ``mqtt config``.
+
+They work on the local data directory and store (``BROKER_DATA_DIR``, ``BROKER_DATABASE_URL``), so they
+need no running broker; with PostgreSQL they act on the shared store from anywhere.
+Errors print one line on stderr and exit non-zero (see :mod:`broker.cli`).
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+
+__all__ = ["register"]
+
+
+def _settings() -> Any:
+    from broker.config import load_settings
+
+    return load_settings()
+
+
+def _ca_dir(settings: Any, override: Path | None) -> Path:
+    from broker.api_edge import ca_dir_of
+
+    return override or ca_dir_of(settings)
+
+
+def _store(settings: Any) -> Any:
+    from broker.migrations import upgrade
+    from broker.store import Store
+
+    store = Store(settings.effective_database_url)
+    Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
+    upgrade(store.engine)
+    return store
+
+
+def ca_init(
+    directory: Annotated[Path | None, typer.Option("--dir", help="CA directory (default <data dir>/ca)")] = None,
+    host: Annotated[list[str] | None, typer.Option("--host", help="extra SAN of the MQTT server cert")] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing CA")] = False,
+) -> None:
+    """Create the broker CA (EC P-256, key 0600), the gateway and Mosquitto server certificates, and a CRL."""
+    from edge import pki
+
+    d = _ca_dir(_settings(), directory)
+    try:
+        pki.CertificateAuthority.init(d, server_hosts=("localhost", "127.0.0.1", *(host or ())), force=force)
+    except pki.PkiError as exc:
+        from broker.errors import ConflictError
+
+        raise ConflictError(str(exc)) from None
+    typer.echo(f"CA created in {d} (ca.pem, ca.key 0600, gateway.pem/.key, server.pem/.key, crl.pem)")
+
+
+def enroll_token(
+    namespace: Annotated[str, typer.Option("--namespace", "-n", help="namespace the device will belong to")],
+    ttl: Annotated[float, typer.Option("--ttl", help="seconds the token stays valid", min=1)] = 3600,
+) -> None:
+    """Print a one-time enrollment token (only its hash is stored)."""
+    from broker import devices
+    from broker.clock import utcnow
+
+    store = _store(_settings())
+    with store.tx() as s:
+        token = devices.create_enroll_token(s, namespace, now=utcnow(), ttl_seconds=ttl)
+    typer.echo(token)
+
+
+def list_devices(
+    json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+    namespace: Annotated[str | None, typer.Option("--namespace", "-n")] = None,
+) -> None:
+    """List enrolled devices: status, last seen, capacity, link quality, agent version."""
+    from broker import devices
+    from broker.clock import utcnow
+
+    store = _store(_settings())
+    now = utcnow()
+    with store.read() as s:
+        views = [devices.device_view(d, now) for d in devices.list_devices(s, namespace=namespace)]
+    if json_out:
+        typer.echo(json.dumps({"devices": views}, indent=2))
+        return
+    if not views:
+        typer.echo("no devices. Enroll one: broker devices enroll-token -n NS, then edge-agent enroll")
+        return
+    typer.echo(f"{'ID':<24} {'NAMESPACE':<12} {'STATUS':<8} {'CPU':>5} {'MEM GiB':>8} {'GPU':>3} {'ARCH':<6} "
+               f"{'Mbit/s':>8} {'RTT ms':>7} {'AGENT':<8} LAST SEEN")
+    for v in views:
+        bw = "-" if v["bandwidth_mbps"] is None else f"{v['bandwidth_mbps']:.1f}"
+        lat = "-" if v["latency_ms"] is None else f"{v['latency_ms']:.1f}"
+        typer.echo(f"{v['id']:<24} {v['namespace']:<12} {v['status']:<8} {v['vcpus']:>5g} {v['memory_gib']:>8.1f} "
+                   f"{v['gpus']:>3} {v['arch']:<6} {bw:>8} {lat:>7} {v['agent_version'] or '-':<8} "
+                   f"{v['last_seen'] or '-'}")
+
+
+def revoke(
+    device_id: Annotated[str, typer.Argument(help="device id")],
+    ca_dir: Annotated[Path | None, typer.Option("--ca-dir", help="CA directory (default <data dir>/ca)")] = None,
+) -> None:
+    """Revoke a device: its certificates go on the CRL and the gateway drops its messages.
+
+    Send Mosquitto a SIGHUP (or restart it) so that it re-reads the CRL."""
+    from broker import devices
+    from broker.clock import utcnow
+    from edge import pki
+
+    settings = _settings()
+    d = _ca_dir(settings, ca_dir)
+    ca = pki.CertificateAuthority.load(d) if (d / "ca.key").exists() else None
+    store = _store(settings)
+    with store.tx() as s:
+        devices.revoke_device(s, ca, device_id, now=utcnow(), reason="revoked via CLI")
+    typer.echo(f"revoked {device_id}" + (f"; CRL rewritten: {d / 'crl.pem'} (SIGHUP mosquitto)" if ca else
+                                         "; no CA here, CRL not rewritten"))
+
+
+def mqtt_config(
+    out: Annotated[Path, typer.Option("--out", help="directory to write mosquitto.conf, acl, certs/ into")],
+    port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 8883,
+    bind: Annotated[str, typer.Option("--bind", help="listen address")] = "0.0.0.0",
+    user: Annotated[str | None, typer.Option("--user", help="Mosquitto `user` (e.g. root for tests)")] = None,
+    ca_dir: Annotated[Path | None, typer.Option("--ca-dir", help="CA directory (default <data dir>/ca)")] = None,
+) -> None:
+    """Write a production Mosquitto config: mTLS, CN as username, CRL, per-device ACL, persistence."""
+    from broker.errors import NotFoundError
+    from edge.mqttconf import MosquittoConfig, write_config
+
+    d = _ca_dir(_settings(), ca_dir)
+    if not (d / "server.pem").exists():
+        raise NotFoundError(f"no CA in {d}. To fix: run `broker ca init` first")
+    conf = write_config(out, ca_file=d / "ca.pem", cert_file=d / "server.pem", key_file=d / "server.key",
+                        crl_file=d / "crl.pem", config=MosquittoConfig(port=port, bind_address=bind, user=user))
+    typer.echo(f"wrote {conf}; start with: mosquitto -c {conf}")
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the root app."""
+    """Add ``ca``, ``devices`` and ``mqtt`` command groups to the root app."""
+    ca = typer.Typer(help="the broker's certificate authority", no_args_is_help=True)
+    ca.command("init")(ca_init)
+    dev = typer.Typer(help="edge devices: enrollment tokens, registry, revocation", no_args_is_help=True)
+    dev.command("enroll-token")(enroll_token)
+    dev.command("list")(list_devices)
+    dev.command("revoke")(revoke)
+    mq = typer.Typer(help="the MQTT broker (Mosquitto) of the edge fleet", no_args_is_help=True)
+    mq.command("config")(mqtt_config)
+    app.add_typer(ca, name="ca")
+    app.add_typer(dev, name="devices")
+    app.add_typer(mq, name="mqtt")

@@ -1,9 +1,243 @@
-"""`broker` CLI commands: service (owned by the service work; see broker/cli/__init__.py)."""
+"""`broker` CLI commands of the service: ``serve``, ``submit``, ``jobs ...``, ``namespaces ...``, ``tokens ...``.
+
+The client commands talk to ``BROKER_URL`` with ``BROKER_TOKEN`` (see :mod:`broker.client`). The namespace
+is ``--namespace``, else ``BROKER_NAMESPACE``, else the token's own namespace, else ``default``.
+Errors print one line on stderr and exit non-zero (see :mod:`broker.cli`).
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+
+__all__ = ["register", "serve", "TERMINAL"]
+
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+CHUNK = 500
+
+NamespaceOpt = Annotated[
+    str | None, typer.Option("--namespace", "-n", help="namespace (default: BROKER_NAMESPACE or the token's)")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
+
+
+def _client() -> Any:
+    from broker.client import BrokerClient
+
+    return BrokerClient()
+
+
+def _namespace(client: Any, namespace: str | None) -> str:
+    if namespace:
+        return namespace
+    env = os.environ.get("BROKER_NAMESPACE")
+    if env:
+        return env
+    who = client.whoami()
+    return who.get("namespace") or "default"
+
+
+def _print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+def serve(
+    host: Annotated[str | None, typer.Option(help="address to listen on (BROKER_HOST)")] = None,
+    port: Annotated[int | None, typer.Option(help="port (BROKER_PORT)", min=0, max=65535)] = None,
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="data directory (BROKER_DATA_DIR)")] = None,
+    catalog: Annotated[Path | None, typer.Option("--catalog", help="catalog dir (BROKER_CATALOG_DIR)")] = None,
+) -> None:
+    """Run the broker (API + scheduler) until SIGTERM/SIGINT."""
+    import logging
+
+    import uvicorn
+
+    from broker.app import create_app
+    from broker.config import load_settings
+
+    settings = load_settings(host=host, port=port, data_dir=data_dir, catalog_dir=catalog)
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(settings)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=10, lifespan="on")
+    server = uvicorn.Server(config)
+    print(f"broker: serving on http://{settings.host}:{settings.port} (data {settings.data_dir}, store "
+          f"{'postgresql' if app.state.hb.store.is_postgres else 'sqlite'})", file=sys.stderr, flush=True)
+    server.run()
+    print("broker: stopped", file=sys.stderr, flush=True)
+
+
+def submit(
+    files: Annotated[list[Path], typer.Argument(help="job spec files (YAML/JSON; several documents = a burst)")],
+    namespace: NamespaceOpt = None,
+    wait: Annotated[bool, typer.Option("--wait", help="follow the jobs until they end")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit job specs; a burst shows a progress bar. Exit 1 when --wait and a job did not succeed."""
+    from rich.progress import Progress
+
+    from broker.spec import load_spec_file
+
+    docs: list[dict[str, Any]] = []
+    for path in files:
+        docs.extend(dict(spec.raw) for spec in load_spec_file(path))
+    with _client() as client:
+        ns = _namespace(client, namespace)
+        jobs: list[dict[str, Any]] = []
+        if len(docs) == 1:
+            jobs.append(client.submit(ns, docs[0]))
+        else:
+            with Progress(transient=True, disable=as_json or not sys.stderr.isatty()) as progress:
+                task = progress.add_task("submitting", total=len(docs))
+                for start in range(0, len(docs), CHUNK):
+                    chunk = docs[start : start + CHUNK]
+                    jobs.extend(client.submit(ns, chunk, idempotency_key=uuid.uuid4().hex)["jobs"])
+                    progress.advance(task, len(chunk))
+        if not wait:
+            if as_json:
+                _print_json(jobs)
+            else:
+                for job in jobs:
+                    typer.echo(f"{job['id']}  {job['name']}  {job['state']}")
+            return
+        final = follow(client, ns, [j["id"] for j in jobs], quiet=as_json)
+    if as_json:
+        _print_json(final)
+    else:
+        for job in final:
+            typer.echo(f"{job['id']}  {job['name']}  {job['state']}  {job.get('provider') or '-'}"
+                       f"{' (dry-run)' if job.get('dry_run') else ''}")
+    if any(j["state"] != "SUCCEEDED" for j in final):
+        raise typer.Exit(1)
+
+
+def follow(client: Any, namespace: str, ids: list[str], *, quiet: bool = False, poll_seconds: float = 0.5,
+           timeout_seconds: float | None = None) -> list[dict[str, Any]]:
+    """Poll until every job of ``ids`` is terminal (Rich progress on a terminal) and return their summaries."""
+    from rich.progress import Progress
+
+    wanted = set(ids)
+    latest: dict[str, dict[str, Any]] = {}
+    started = time.monotonic()
+    with Progress(transient=True, disable=quiet or not sys.stderr.isatty()) as progress:
+        task = progress.add_task("running", total=len(wanted))
+        while True:
+            for job in client.iter_jobs(namespace):
+                if job["id"] in wanted:
+                    latest[job["id"]] = job
+            done = sum(1 for i in wanted if latest.get(i, {}).get("state") in TERMINAL)
+            progress.update(task, completed=done)
+            if done == len(wanted):
+                break
+            if timeout_seconds is not None and time.monotonic() - started > timeout_seconds:
+                break
+            time.sleep(poll_seconds)
+    return [latest[i] for i in ids if i in latest]
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the root app."""
+    app.command("serve")(serve)
+    app.command("submit")(submit)
+
+    jobs = typer.Typer(help="List, inspect, cancel jobs and read their logs.", no_args_is_help=True)
+    namespaces = typer.Typer(help="Manage namespaces (admin).", no_args_is_help=True)
+    tokens = typer.Typer(help="Manage API tokens (admin).", no_args_is_help=True)
+    app.add_typer(jobs, name="jobs")
+    app.add_typer(namespaces, name="namespaces")
+    app.add_typer(tokens, name="tokens")
+
+    @jobs.command("list")
+    def jobs_list(
+        namespace: NamespaceOpt = None,
+        state: Annotated[list[str] | None, typer.Option("--state", help="filter by state (repeatable)")] = None,
+        label: Annotated[list[str] | None, typer.Option("--label", help="key=value (repeatable)")] = None,
+        limit: Annotated[int, typer.Option(min=1, help="at most this many jobs")] = 1000,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """List jobs (newest last)."""
+        with _client() as client:
+            ns = _namespace(client, namespace)
+            out = []
+            for job in client.iter_jobs(ns, states=[s.upper() for s in state or []], labels=label or []):
+                out.append(job)
+                if len(out) >= limit:
+                    break
+        if as_json:
+            _print_json(out)
+            return
+        for job in out:
+            where = f"{job['provider']}:{job['region']}" if job.get("provider") else "-"
+            typer.echo(f"{job['id']}  {job['name']:<30}  {job['state']:<12}  {where}"
+                       f"{' (dry-run)' if job.get('dry_run') else ''}")
+
+    @jobs.command("get")
+    def jobs_get(job_id: str, namespace: NamespaceOpt = None) -> None:
+        """Show one job as JSON (spec, state, placement and cost, attempts, events)."""
+        with _client() as client:
+            _print_json(client.get_job(_namespace(client, namespace), job_id))
+
+    @jobs.command("cancel")
+    def jobs_cancel(job_id: str, namespace: NamespaceOpt = None) -> None:
+        """Cancel a job (terminates whatever runs for it)."""
+        with _client() as client:
+            job = client.cancel_job(_namespace(client, namespace), job_id)
+        typer.echo(f"{job['id']}  {job['state']}")
+
+    @jobs.command("logs")
+    def jobs_logs(
+        job_id: str,
+        namespace: NamespaceOpt = None,
+        stderr: Annotated[bool, typer.Option("--stderr", help="show stderr instead of stdout")] = False,
+    ) -> None:
+        """Print the output of a job's on-prem run."""
+        with _client() as client:
+            text = client.logs(_namespace(client, namespace), job_id, stream="stderr" if stderr else "stdout")
+        typer.echo(text, nl=False)
+
+    @namespaces.command("create")
+    def namespaces_create(name: str) -> None:
+        """Create a namespace."""
+        with _client() as client:
+            typer.echo(client.create_namespace(name)["name"])
+
+    @namespaces.command("list")
+    def namespaces_list() -> None:
+        """List namespaces."""
+        with _client() as client:
+            for ns in client.list_namespaces():
+                typer.echo(ns["name"])
+
+    @tokens.command("create")
+    def tokens_create(
+        namespace: Annotated[str, typer.Option("--namespace", "-n", help="namespace of the token")],
+        description: Annotated[str, typer.Option(help="what the token is for")] = "",
+    ) -> None:
+        """Create a namespace token; prints the secret once (store it now)."""
+        with _client() as client:
+            answer = client.create_token(namespace, description)
+        typer.echo(answer["token"])
+        print(f"token id {answer['id']} for namespace {namespace} (the secret above is shown only once)",
+              file=sys.stderr)
+
+    @tokens.command("list")
+    def tokens_list(namespace: Annotated[str, typer.Option("--namespace", "-n")]) -> None:
+        """List a namespace's tokens (no secrets)."""
+        with _client() as client:
+            for tok in client.list_tokens(namespace):
+                state = f"revoked {tok['revoked_at']}" if tok.get("revoked_at") else "active"
+                typer.echo(f"{tok['id']}  {state}  {tok.get('description') or ''}")
+
+    @tokens.command("revoke")
+    def tokens_revoke(token_id: str) -> None:
+        """Revoke a token."""
+        with _client() as client:
+            answer = client.revoke_token(token_id)
+        typer.echo(f"{answer['id']}  revoked")

@@ -189,6 +189,18 @@ variable "extra_secret_arns" {
   default     = {}
 }
 
+variable "init_image" {
+  description = "Small image with a POSIX shell used by the init container that writes the PEM secrets to files."
+  type        = string
+  default     = "public.ecr.aws/docker/library/busybox:1.36"
+}
+
+variable "container_uid" {
+  description = "Numeric user id the broker container runs as; the PEM files are owned by it (mode 0400)."
+  type        = number
+  default     = 10001
+}
+
 # --- broker configuration keys (docs/CONFIG.md) -------------------------------------------------
 
 variable "broker_port" {

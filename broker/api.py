@@ -1,0 +1,610 @@
+"""The ``/v1`` HTTP API of the broker (tenants, jobs, previews, catalog) plus health and metrics.
+
+Contract (the issue's): ``POST /v1/namespaces`` -> 201; ``POST /v1/namespaces/{ns}/tokens`` -> 201
+``{"token"}``; ``POST /v1/namespaces/{ns}/jobs`` with one spec (JSON or YAML) -> 201 job summary, with a
+list (a burst, accepted atomically) -> 201 ``{"jobs": [...]}`` in order; ``Idempotency-Key`` replays the
+first response of a key; ``GET .../jobs`` lists with filters and cursor pagination; ``GET .../jobs/{id}``
+returns ``id``, ``state``, ``placement`` (the OPTION object of ``broker place --json``, or null) and
+``events``; ``DELETE .../jobs/{id}`` cancels. Errors are JSON ``{"detail": "...", "field": "..."}``:
+422 invalid spec (``field`` is the path), 413 body too large, 404 unknown namespace or job, 401 bad token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from datetime import datetime
+from typing import Annotated, Any
+
+import sqlalchemy as sa
+from fastapi import APIRouter, Body, Depends, Header, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, Field
+from sqlmodel import Session
+
+from broker.api_deps import (
+    current_principal,
+    get_session,
+    get_state,
+    get_store,
+    require_admin,
+    require_namespace,
+)
+from broker.errors import ConflictError, NotFoundError, SpecError
+from broker.lifecycle import submit_jobs, transition
+from broker.model import TERMINAL_STATES, JobState
+from broker.store import AttemptRow, IdempotencyRow, JobEventRow, JobLabelRow, JobRow, Store
+from broker.tenants import (
+    Principal,
+    create_namespace,
+    create_token,
+    list_namespaces,
+    list_tokens,
+    revoke_token,
+)
+
+__all__ = ["router", "job_detail", "job_summary", "read_body"]
+
+log = logging.getLogger("broker.api")
+
+router = APIRouter()
+
+_jobs = JobRow.__table__  # type: ignore[attr-defined]
+_labels = JobLabelRow.__table__  # type: ignore[attr-defined]
+_events = JobEventRow.__table__  # type: ignore[attr-defined]
+_attempts = AttemptRow.__table__  # type: ignore[attr-defined]
+_idem = IdempotencyRow.__table__  # type: ignore[attr-defined]
+
+_JOB_BODY_SCHEMA: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "One job spec, a list of job specs (a burst), or {\"jobs\": [...]}; JSON or YAML.",
+        "content": {
+            "application/json": {
+                "schema": {
+                    "oneOf": [
+                        {"type": "object", "additionalProperties": True},
+                        {"type": "array", "items": {"type": "object", "additionalProperties": True}},
+                    ]
+                }
+            },
+            "application/yaml": {"schema": {"type": "string"}},
+        },
+    }
+}
+_ERR = {"description": "error", "content": {"application/json": {"schema": {"type": "object"}}}}
+_ERRORS: dict[int | str, dict[str, Any]] = {401: _ERR, 404: _ERR, 413: _ERR, 422: _ERR}
+
+
+class NamespaceIn(BaseModel):
+    name: str = Field(max_length=253)
+
+
+class TokenIn(BaseModel):
+    description: str = Field(default="", max_length=200)
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def job_summary(row: Any, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """The list form of a job (``row`` is a ``jobs`` row or mapping)."""
+    return {
+        "id": row.id,
+        "name": row.name,
+        "namespace": row.namespace,
+        "state": row.state,
+        "priority": row.priority,
+        "created_at": _iso(row.created_at),
+        "updated_at": _iso(row.updated_at),
+        "provider": row.provider,
+        "region": row.region,
+        "dry_run": bool(row.dry_run),
+        "held_reason": row.held_reason,
+        "labels": labels or {},
+    }
+
+
+def job_detail(session: Session, row: Any) -> dict[str, Any]:
+    """The full form of a job: spec, state, placement with cost breakdown, instances, attempts, events."""
+    labels = {
+        k: v
+        for k, v in session.execute(sa.select(_labels.c.key, _labels.c.value).where(_labels.c.job_id == row.id))
+    }
+    events = [
+        {
+            "at": _iso(e.at),
+            "from": e.from_state,
+            "to": e.to_state,
+            "reason": e.reason,
+            **({"data": json.loads(e.data_json)} if e.data_json else {}),
+        }
+        for e in session.execute(
+            sa.select(_events).where(_events.c.job_id == row.id).order_by(_events.c.id)
+        )
+    ]
+    attempts = [
+        {
+            "at": _iso(a.at),
+            "request_id": a.request_id,
+            "provider": a.provider,
+            "region": a.region,
+            "instance_type": a.instance_type,
+            "capacity": a.capacity,
+            "outcome": a.outcome,
+            "message": a.message,
+            "delay_seconds": a.delay_seconds,
+            "retryable": a.retryable,
+        }
+        for a in session.execute(
+            sa.select(_attempts).where(_attempts.c.job_id == row.id).order_by(_attempts.c.id)
+        )
+    ]
+    placement = _loads(row.placement_json)
+    out = job_summary(row, labels)
+    out.update(
+        {
+            "spec": json.loads(row.spec_json),
+            "placement": placement,
+            "cost": None
+            if placement is None
+            else {k: placement.get(k) for k in ("hourly_usd", "compute_usd", "egress_usd", "total_usd")},
+            "instances": _loads(row.instances_json) or [],
+            "retries": row.retries,
+            "message": row.message,
+            "exit_code": row.exit_code,
+            "started_at": _iso(row.started_at),
+            "finished_at": _iso(row.finished_at),
+            "not_before": _iso(row.not_before),
+            "attempts": attempts,
+            "events": events,
+        }
+    )
+    return out
+
+
+async def read_body(request: Request) -> bytes:
+    """The request body, refusing (413) more than ``BROKER_MAX_BODY_BYTES`` even when streamed."""
+    limit = request.app.state.hb.settings.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HTTPException(status_code=413, detail=_too_large(limit))
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPException(status_code=413, detail=_too_large(limit))
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> str:
+    return (
+        f"request body exceeds {limit} bytes. To fix: send fewer jobs per request, or raise "
+        "BROKER_MAX_BODY_BYTES on the server"
+    )
+
+
+def _parse_payload(body: bytes, content_type: str) -> Any:
+    from broker.spec import load_documents
+
+    if not body.strip():
+        raise SpecError("", "empty body. To fix: send a job spec (JSON or YAML) or a list of them")
+    if "json" in content_type:
+        try:
+            return json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise SpecError("", f"malformed JSON: {exc}. To fix: send valid JSON") from None
+    docs = load_documents(body)
+    if not docs:
+        raise SpecError("", "the body holds no job spec")
+    if len(docs) == 1 and not _yaml_top_is_list(body):
+        return docs[0]
+    return docs
+
+
+def _yaml_top_is_list(body: bytes) -> bool:
+    """True when the first YAML content line is a sequence item (``- ...``), i.e. the body is a list."""
+    for raw in body.splitlines():
+        line = raw.strip()
+        if not line or line.startswith((b"#", b"%")) or line in (b"---", b"..."):
+            continue
+        if line.startswith(b"--- "):
+            line = line[4:].lstrip()
+        return line == b"-" or line.startswith((b"- ", b"["))
+    return False
+
+
+# ------------------------------------------------------------------------------------------ health
+
+
+@router.get("/healthz", tags=["health"])
+def healthz() -> dict[str, str]:
+    """Liveness: the process answers."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", tags=["health"], responses={503: _ERR})
+def readyz(request: Request, store: Annotated[Store, Depends(get_store)]) -> JSONResponse:
+    """Readiness: the store answers and the catalog is loaded."""
+    hb = request.app.state.hb
+    checks = {"store": store.ping(), "catalog": hb.catalog is not None}
+    ok = all(checks.values())
+    return JSONResponse({"status": "ok" if ok else "not ready", "checks": checks}, status_code=200 if ok else 503)
+
+
+@router.get("/metrics", tags=["health"], response_class=PlainTextResponse)
+def metrics(request: Request) -> Response:
+    """Prometheus text exposition (jobs by state, queue wait and placement latency, provider errors)."""
+    from broker.metrics import CONTENT_TYPE
+
+    return Response(request.app.state.hb.metrics.render(), media_type=CONTENT_TYPE)
+
+
+# ------------------------------------------------------------------------------------------ tenants
+
+
+@router.get("/v1/whoami", tags=["tenants"], responses=_ERRORS)
+def whoami(principal: Annotated[Principal, Depends(current_principal)]) -> dict[str, Any]:
+    """Who the token belongs to: ``{"admin": bool, "namespace": str | null, "token_id": str}``."""
+    return {"admin": principal.is_admin, "namespace": principal.namespace, "token_id": principal.token_id}
+
+
+@router.post("/v1/namespaces", status_code=201, tags=["tenants"], responses=_ERRORS | {409: _ERR})
+def post_namespace(
+    body: NamespaceIn,
+    _admin: Annotated[Principal, Depends(require_admin)],
+    store: Annotated[Store, Depends(get_store)],
+    hb: Annotated[Any, Depends(get_state)],
+) -> dict[str, Any]:
+    """Create a namespace (admin). 409 when it exists, 422 for a bad name."""
+    with store.tx() as session:
+        row = create_namespace(session, body.name, now=hb.clock.now())
+    return {"name": row.name, "created_at": _iso(row.created_at)}
+
+
+@router.get("/v1/namespaces", tags=["tenants"], responses=_ERRORS)
+def get_namespaces(
+    principal: Annotated[Principal, Depends(current_principal)],
+    session: Annotated[Session, Depends(get_session)],
+) -> dict[str, Any]:
+    """Namespaces the caller can see (all for an admin, its own for a namespace token)."""
+    rows = [r for r in list_namespaces(session) if principal.can_access(r.name)]
+    return {"namespaces": [{"name": r.name, "created_at": _iso(r.created_at)} for r in rows]}
+
+
+@router.post("/v1/namespaces/{ns}/tokens", status_code=201, tags=["tenants"], responses=_ERRORS)
+def post_token(
+    ns: str,
+    _admin: Annotated[Principal, Depends(require_admin)],
+    store: Annotated[Store, Depends(get_store)],
+    hb: Annotated[Any, Depends(get_state)],
+    body: Annotated[TokenIn | None, Body()] = None,
+) -> dict[str, Any]:
+    """Create an API token of namespace ``ns`` (admin). The secret is in the answer only."""
+    with store.tx() as session:
+        row, secret = create_token(session, ns, now=hb.clock.now(), description=body.description if body else "")
+    return {"id": row.id, "namespace": ns, "token": secret, "created_at": _iso(row.created_at)}
+
+
+@router.get("/v1/namespaces/{ns}/tokens", tags=["tenants"], responses=_ERRORS)
+def get_tokens(
+    ns: str,
+    _admin: Annotated[Principal, Depends(require_admin)],
+    session: Annotated[Session, Depends(get_session)],
+) -> dict[str, Any]:
+    """Tokens of ``ns`` without their secrets (admin)."""
+    from broker.tenants import namespace_exists
+
+    if not namespace_exists(session, ns):
+        raise NotFoundError(f"namespace {ns!r} not found. To fix: broker namespaces create {ns}")
+    return {
+        "tokens": [
+            {"id": t.id, "namespace": t.namespace, "description": t.description,
+             "created_at": _iso(t.created_at), "revoked_at": _iso(t.revoked_at)}
+            for t in list_tokens(session, ns)
+        ]
+    }
+
+
+@router.delete("/v1/tokens/{token_id}", tags=["tenants"], responses=_ERRORS)
+def delete_token(
+    token_id: str,
+    _admin: Annotated[Principal, Depends(require_admin)],
+    store: Annotated[Store, Depends(get_store)],
+    hb: Annotated[Any, Depends(get_state)],
+) -> dict[str, Any]:
+    """Revoke a token (admin; idempotent). The token answers 401 from then on."""
+    with store.tx() as session:
+        row = revoke_token(session, token_id, now=hb.clock.now())
+    return {"id": row.id, "namespace": row.namespace, "revoked_at": _iso(row.revoked_at)}
+
+
+# ------------------------------------------------------------------------------------------ jobs
+
+
+def _submit_sync(hb: Any, ns: str, body: bytes, content_type: str, key: str | None) -> tuple[int, Any, bool]:
+    from broker.spec import specs_from_payload
+
+    store: Store = hb.store
+    digest = hashlib.sha256(body).hexdigest()
+    if key is not None:
+        replay = _replay(store, ns, key, digest)
+        if replay is not None:
+            return replay[0], replay[1], True
+    now = hb.clock.now()
+    payload = _parse_payload(body, content_type)
+    burst = isinstance(payload, list) or (isinstance(payload, dict) and set(payload) == {"jobs"})
+    if isinstance(payload, list) and len(payload) > hb.settings.max_burst_jobs:
+        raise SpecError("", f"a burst of {len(payload)} jobs exceeds the limit of {hb.settings.max_burst_jobs}. "
+                        "To fix: split it into several requests")
+    specs = specs_from_payload(payload, now=now, default_namespace=ns)
+    for i, spec in enumerate(specs):
+        if spec.namespace not in (None, ns):
+            raise SpecError(
+                f"{f'[{i}].' if burst else ''}metadata.namespace",
+                f"{spec.namespace!r} differs from the namespace of the URL ({ns!r}). To fix: drop "
+                "metadata.namespace or post to its namespace",
+            )
+    docs = [json.dumps(spec.raw, separators=(",", ":"), default=str) for spec in specs]
+    try:
+        with store.tx() as session:
+            jobs = submit_jobs(session, ns, specs, now=now, spec_docs=docs)
+            response: Any = {"jobs": jobs} if burst else jobs[0]
+            if key is not None:
+                session.connection().execute(
+                    _idem.insert(),
+                    [{"namespace": ns, "key": key, "request_sha256": digest, "status_code": 201,
+                      "response_json": json.dumps(response), "created_at": now}],
+                )
+    except sa.exc.IntegrityError:
+        if key is None:
+            raise
+        replay = _replay(store, ns, key, digest)  # a concurrent request with the same key won
+        if replay is None:
+            raise
+        return replay[0], replay[1], True
+    hb.metrics.submitted.labels(ns).inc(len(specs))
+    return 201, response, False
+
+
+def _replay(store: Store, ns: str, key: str, digest: str) -> tuple[int, Any] | None:
+    with store.read() as session:
+        row = session.execute(
+            sa.select(_idem.c.request_sha256, _idem.c.status_code, _idem.c.response_json).where(
+                _idem.c.namespace == ns, _idem.c.key == key
+            )
+        ).first()
+    if row is None:
+        return None
+    if row.request_sha256 != digest:
+        raise SpecError(
+            "Idempotency-Key",
+            "this key was already used with a different body. To fix: use a new key for a new request",
+        )
+    return row.status_code, json.loads(row.response_json)
+
+
+@router.post(
+    "/v1/namespaces/{ns}/jobs", status_code=201, tags=["jobs"], openapi_extra=_JOB_BODY_SCHEMA,
+    responses=_ERRORS,
+)
+async def post_jobs(
+    request: Request,
+    ns: Annotated[str, Depends(require_namespace)],
+    hb: Annotated[Any, Depends(get_state)],
+    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+) -> JSONResponse:
+    """Submit one job spec (-> the job) or a burst (-> ``{"jobs": [...]}``, all or nothing)."""
+    body = await read_body(request)
+    content_type = request.headers.get("content-type", "").lower()
+    key = idempotency_key.strip() if idempotency_key else None
+    status, response, replayed = await run_in_threadpool(_submit_sync, hb, ns, body, content_type, key or None)
+    headers = {"Idempotent-Replayed": "true"} if replayed else None
+    return JSONResponse(response, status_code=status, headers=headers)
+
+
+@router.get("/v1/namespaces/{ns}/jobs", tags=["jobs"], responses=_ERRORS)
+def list_jobs(
+    ns: Annotated[str, Depends(require_namespace)],
+    session: Annotated[Session, Depends(get_session)],
+    state: Annotated[list[JobState] | None, Query(description="filter by state (repeatable)")] = None,
+    label: Annotated[
+        list[str] | None, Query(description="label selector key=value (repeatable, all must match)")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(max_length=64, description="next_cursor of the previous page")] = None,
+) -> dict[str, Any]:
+    """Jobs of ``ns`` in submission order, ``limit`` per page; pass ``next_cursor`` to get the next page."""
+    stmt = sa.select(_jobs).where(_jobs.c.namespace == ns)
+    if state:
+        stmt = stmt.where(_jobs.c.state.in_([s.value for s in state]))
+    for selector in label or []:
+        k, sep, v = selector.partition("=")
+        if not sep or not k:
+            raise SpecError("label", f"{selector!r} is not key=value. To fix: pass e.g. label=team=ml")
+        stmt = stmt.where(
+            sa.exists().where(_labels.c.job_id == _jobs.c.id, _labels.c.key == k, _labels.c.value == v)
+        )
+    if cursor:
+        stmt = stmt.where(_jobs.c.id > cursor)
+    rows = list(session.execute(stmt.order_by(_jobs.c.id).limit(limit + 1)))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    labels: dict[str, dict[str, str]] = {}
+    if rows:
+        for job_id, k, v in session.execute(
+            sa.select(_labels.c.job_id, _labels.c.key, _labels.c.value).where(
+                _labels.c.job_id.in_([r.id for r in rows])
+            )
+        ):
+            labels.setdefault(job_id, {})[k] = v
+    return {
+        "jobs": [job_summary(r, labels.get(r.id)) for r in rows],
+        "next_cursor": rows[-1].id if more else None,
+    }
+
+
+def _get_row(session: Session, ns: str, job_id: str) -> Any:
+    row = session.execute(sa.select(_jobs).where(_jobs.c.id == job_id, _jobs.c.namespace == ns)).first()
+    if row is None:
+        raise NotFoundError(f"job {job_id!r} not found in namespace {ns!r}. To fix: broker jobs list")
+    return row
+
+
+@router.get("/v1/namespaces/{ns}/jobs/{job_id}", tags=["jobs"], responses=_ERRORS)
+def get_job(
+    job_id: str,
+    ns: Annotated[str, Depends(require_namespace)],
+    session: Annotated[Session, Depends(get_session)],
+) -> dict[str, Any]:
+    """One job: spec, state, placement (OPTION object or null) with cost, instances, attempts, events."""
+    return job_detail(session, _get_row(session, ns, job_id))
+
+
+@router.delete("/v1/namespaces/{ns}/jobs/{job_id}", tags=["jobs"], responses=_ERRORS | {409: _ERR})
+def cancel_job(
+    job_id: str,
+    ns: Annotated[str, Depends(require_namespace)],
+    hb: Annotated[Any, Depends(get_state)],
+) -> dict[str, Any]:
+    """Cancel a job and terminate whatever runs for it. 409 when it already ended."""
+    store: Store = hb.store
+    with store.tx() as session:
+        row = _get_row(session, ns, job_id)
+        if JobState(row.state) in TERMINAL_STATES:
+            raise ConflictError(f"job {job_id} already ended ({row.state}); nothing to cancel")
+        transition(session, job_id, JobState.CANCELLED, now=hb.clock.now(), reason="cancelled by user",
+                   finished_at=hb.clock.now())
+    hb.metrics.transitions.labels(JobState.CANCELLED.value).inc()
+    instances = _loads(row.instances_json) or []
+    if row.provider and instances:
+        hb.terminate_instances(row.provider, [i["id"] if isinstance(i, dict) else i for i in instances],
+                               f"{job_id}:cancel")
+    with store.read() as session:
+        return job_detail(session, _get_row(session, ns, job_id))
+
+
+@router.get(
+    "/v1/namespaces/{ns}/jobs/{job_id}/logs", tags=["jobs"], response_class=PlainTextResponse,
+    responses=_ERRORS | {409: _ERR},
+)
+def job_logs(
+    job_id: str,
+    ns: Annotated[str, Depends(require_namespace)],
+    session: Annotated[Session, Depends(get_session)],
+    hb: Annotated[Any, Depends(get_state)],
+    stream: Annotated[str, Query(pattern="^(stdout|stderr)$")] = "stdout",
+    tail_bytes: Annotated[int, Query(ge=1, le=16 * 1024 * 1024)] = 1024 * 1024,
+) -> PlainTextResponse:
+    """The ``stdout`` (or ``stderr``) of the job's on-prem run, last ``tail_bytes`` bytes."""
+    row = _get_row(session, ns, job_id)
+    instances = _loads(row.instances_json) or []
+    pool = hb.providers.get("onprem")
+    if row.provider != "onprem" or not instances or pool is None or not hasattr(pool, "logs"):
+        raise ConflictError(
+            f"job {job_id} has no on-prem run (state {row.state}, provider {row.provider or 'none'}); logs are "
+            "kept only for on-prem runs"
+        )
+    iid = instances[0]["id"] if isinstance(instances[0], dict) else instances[0]
+    try:
+        out_path, err_path = pool.logs(iid)
+    except NotFoundError:
+        return PlainTextResponse("")
+    path = out_path if stream == "stdout" else err_path
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - tail_bytes))
+            data = f.read()
+    except OSError:
+        data = b""
+    return PlainTextResponse(data.decode("utf-8", "replace"))
+
+
+# ------------------------------------------------------------------------------------------ placement
+
+
+@router.post("/v1/placements:preview", tags=["placement"], openapi_extra=_JOB_BODY_SCHEMA, responses=_ERRORS)
+async def preview(
+    request: Request,
+    principal: Annotated[Principal, Depends(current_principal)],
+    hb: Annotated[Any, Depends(get_state)],
+) -> JSONResponse:
+    """Dry-run placement of one job spec: the same JSON as ``broker place --json``. Nothing is submitted."""
+    body = await read_body(request)
+    content_type = request.headers.get("content-type", "").lower()
+    result = await run_in_threadpool(_preview_sync, hb, principal, body, content_type)
+    return JSONResponse(result)
+
+
+def _preview_sync(hb: Any, principal: Principal, body: bytes, content_type: str) -> dict[str, Any]:
+    from broker.spec import parse_job_spec
+
+    payload = _parse_payload(body, content_type)
+    if not isinstance(payload, dict):
+        raise SpecError("", "a preview takes one job spec (a mapping), not a list")
+    now = hb.clock.now()
+    spec = parse_job_spec(payload, now=now)
+    result = hb.place(spec.request, now=now)
+    try:
+        from broker import decisions
+
+        with hb.store.tx() as session:
+            decisions.record_decision(
+                session, job_id=None, namespace=principal.namespace, request=spec.request, result=result,
+                policy="cost", catalog_version=hb.catalog_version, now=now, kind="preview",
+            )
+    except ImportError:
+        pass
+    return result.to_dict()  # type: ignore[no-any-return]
+
+
+@router.get("/v1/catalog/offers", tags=["placement"], responses=_ERRORS)
+def catalog_offers(
+    _principal: Annotated[Principal, Depends(current_principal)],
+    hb: Annotated[Any, Depends(get_state)],
+    provider: Annotated[str | None, Query(max_length=32)] = None,
+    region: Annotated[str | None, Query(max_length=64)] = None,
+    min_vcpus: Annotated[float, Query(ge=0, le=1e6)] = 0,
+    min_memory_gib: Annotated[float, Query(ge=0, le=1e9)] = 0,
+    min_gpus: Annotated[int, Query(ge=0, le=1024)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=100_000)] = 0,
+) -> dict[str, Any]:
+    """Offers of the catalog (and the on-prem pool), cheapest first, filtered; ``limit``/``offset`` pages."""
+    offers, total = hb.offers_matching(provider, region, min_vcpus, min_memory_gib, min_gpus, offset + limit)
+    page = offers[offset : offset + limit]
+    return {
+        "catalog_version": hb.catalog_version,
+        "total": total,
+        "offers": [
+            {
+                "provider": o.location.provider,
+                "region": o.location.region,
+                "zone": o.location.zone,
+                "site": str(o.location.site),
+                "instance_type": o.instance_type.name,
+                "vcpus": o.instance_type.vcpus,
+                "memory_gib": o.instance_type.memory_gib,
+                "gpus": o.instance_type.gpus,
+                "accelerator": o.instance_type.accelerator,
+                "arch": o.instance_type.arch,
+                "capacity": str(o.capacity),
+                "hourly_usd": o.hourly_usd,
+            }
+            for o in page
+        ],
+    }

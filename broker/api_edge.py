@@ -1,0 +1,158 @@
+"""HTTP API of the edge fleet (mounted with ``app.include_router(broker.api_edge.router)``).
+
+* ``POST /v1/edge/enroll`` ``{token, csr_pem}`` -> ``{device_id, cert_pem, ca_pem, gateway_cert_pem, mqtt_url}``
+  (no auth: the one-time token is the credential).
+* ``POST /v1/edge/renew`` ``{cert_pem, csr_pem, sig}`` -> ``{cert_pem}`` (proof of possession of the key).
+* ``GET /v1/edge/crl`` -> the current CRL (PEM).
+* ``GET /v1/edge/probe?bytes=N`` -> N bytes (N <= 16 MiB), for the agents' bandwidth measurement.
+* ``POST /v1/edge/enroll-tokens`` ``{namespace, ttl_seconds}`` -> ``{token, expires_at}`` (admin).
+* ``GET /v1/devices`` -> the device registry (admin); ``POST /v1/devices/{id}:revoke`` (admin).
+
+The CA lives in ``<data dir>/ca`` (or next to ``BROKER_CA_KEY_FILE``); override :func:`get_ca` in tests.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Response
+from pydantic import BaseModel, Field
+from sqlmodel import Session
+
+from broker import devices
+from broker.api_deps import get_clock, get_session, get_settings, require_admin
+from broker.clock import Clock
+from broker.config import Settings
+from broker.errors import ConflictError, NotFoundError, SpecError
+from edge import pki
+
+__all__ = ["router", "get_ca", "ca_dir_of"]
+
+router = APIRouter(tags=["edge"])
+
+
+def ca_dir_of(settings: Settings) -> Path:
+    """``BROKER_CA_KEY_FILE``'s directory when set, else ``<data dir>/ca``."""
+    return settings.ca_key_file.parent if settings.ca_key_file else Path(settings.data_dir) / "ca"
+
+
+def get_ca(settings: Annotated[Settings, Depends(get_settings)]) -> pki.CertificateAuthority:
+    try:
+        return pki.CertificateAuthority.load(ca_dir_of(settings))
+    except pki.PkiError as exc:
+        raise HTTPException(status_code=503, detail=str(exc)) from None
+
+
+class EnrollIn(BaseModel):
+    token: str = Field(min_length=8, max_length=256)
+    csr_pem: str = Field(min_length=64, max_length=16384)
+
+
+class RenewIn(BaseModel):
+    cert_pem: str = Field(min_length=64, max_length=16384)
+    csr_pem: str = Field(min_length=64, max_length=16384)
+    sig: str = Field(min_length=8, max_length=1024)
+
+
+class TokenIn(BaseModel):
+    namespace: str = Field(min_length=1, max_length=128)
+    ttl_seconds: float = Field(default=3600, gt=0, le=30 * 86400)
+
+
+def _http(exc: Exception) -> HTTPException:
+    if isinstance(exc, NotFoundError):
+        return HTTPException(status_code=404, detail=str(exc))
+    if isinstance(exc, ConflictError):
+        return HTTPException(status_code=409, detail=str(exc))
+    return HTTPException(status_code=400, detail=str(exc))
+
+
+@router.post("/v1/edge/enroll")
+def enroll(
+    body: EnrollIn,
+    session: Annotated[Session, Depends(get_session)],
+    ca: Annotated[pki.CertificateAuthority, Depends(get_ca)],
+    settings: Annotated[Settings, Depends(get_settings)],
+    clock: Annotated[Clock, Depends(get_clock)],
+) -> dict[str, Any]:
+    try:
+        dev, pem = devices.enroll_device(session, ca, body.token, body.csr_pem, now=clock.now())
+    except (SpecError, ConflictError) as exc:
+        raise _http(exc) from None
+    gw = ca.directory / "gateway.pem"
+    return {"device_id": dev.id, "namespace": dev.namespace, "cert_pem": pem, "ca_pem": ca.cert_pem,
+            "gateway_cert_pem": gw.read_text() if gw.exists() else "", "mqtt_url": settings.mqtt_url or ""}
+
+
+@router.post("/v1/edge/renew")
+def renew(
+    body: RenewIn,
+    session: Annotated[Session, Depends(get_session)],
+    ca: Annotated[pki.CertificateAuthority, Depends(get_ca)],
+    clock: Annotated[Clock, Depends(get_clock)],
+) -> dict[str, Any]:
+    try:
+        pem = devices.renew_device(session, ca, body.cert_pem, body.csr_pem, body.sig, now=clock.now())
+    except SpecError as exc:
+        raise _http(exc) from None
+    return {"cert_pem": pem}
+
+
+@router.get("/v1/edge/crl")
+def crl(
+    session: Annotated[Session, Depends(get_session)],
+    ca: Annotated[pki.CertificateAuthority, Depends(get_ca)],
+    clock: Annotated[Clock, Depends(get_clock)],
+) -> Response:
+    pem = ca.crl(devices.revoked_serials(session), now=clock.now())
+    return Response(content=pem, media_type="application/pkix-crl")
+
+
+@router.get("/v1/edge/probe")
+def probe(nbytes: Annotated[int, Query(alias="bytes", ge=1, le=16 << 20)] = 1 << 20) -> Response:
+    return Response(content=b"\0" * nbytes, media_type="application/octet-stream")
+
+
+@router.post("/v1/edge/enroll-tokens", status_code=201)
+def create_token(
+    body: TokenIn,
+    session: Annotated[Session, Depends(get_session)],
+    clock: Annotated[Clock, Depends(get_clock)],
+    _admin: Annotated[Any, Depends(require_admin)],
+) -> dict[str, Any]:
+    now = clock.now()
+    try:
+        token = devices.create_enroll_token(session, body.namespace, now=now, ttl_seconds=body.ttl_seconds)
+    except SpecError as exc:
+        raise _http(exc) from None
+    return {"token": token, "namespace": body.namespace,
+            "expires_at": (now + timedelta(seconds=body.ttl_seconds)).isoformat()}
+
+
+@router.get("/v1/devices")
+def list_devices(
+    session: Annotated[Session, Depends(get_session)],
+    clock: Annotated[Clock, Depends(get_clock)],
+    _admin: Annotated[Any, Depends(require_admin)],
+    namespace: str | None = None,
+) -> dict[str, Any]:
+    now = clock.now()
+    return {"devices": [devices.device_view(d, now) for d in devices.list_devices(session, namespace=namespace)]}
+
+
+@router.post("/v1/devices/{device_id}:revoke")
+def revoke(
+    device_id: str,
+    session: Annotated[Session, Depends(get_session)],
+    ca: Annotated[pki.CertificateAuthority, Depends(get_ca)],
+    clock: Annotated[Clock, Depends(get_clock)],
+    _admin: Annotated[Any, Depends(require_admin)],
+) -> dict[str, Any]:
+    now = clock.now()
+    try:
+        dev = devices.revoke_device(session, ca, device_id, now=now, reason="revoked via API")
+    except NotFoundError as exc:
+        raise _http(exc) from None
+    return devices.device_view(dev, now)

@@ -1,0 +1,337 @@
+"""The broker's FastAPI application: :func:`create_app` wires settings, store, catalog, providers,
+metrics and the scheduler into one app, and mounts the routers of every area that exists.
+
+``create_app`` does the start-up work before it returns (migrations to head, the admin token at first
+start, the catalog), so an app is ready as soon as it exists; the lifespan only starts and stops the
+scheduler thread. Everything per app lives in :class:`AppState` (``app.state.hb``): no globals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import sys
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from broker.clock import Clock, SystemClock
+from broker.config import Settings
+from broker.errors import (
+    AuthError,
+    BrokerError,
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    SpecError,
+)
+from broker.metrics import Metrics
+from broker.migrations import upgrade
+from broker.model import Offer, PlacementResult
+from broker.model import Request as PlacementRequest
+from broker.store import JobRow, Store
+from broker.tenants import ensure_admin_token
+
+__all__ = ["create_app", "AppState", "ScaledClock", "OPTIONAL_ROUTERS", "build_providers"]
+
+log = logging.getLogger("broker.app")
+
+# Routers of other areas, mounted when their module exists.
+OPTIONAL_ROUTERS = ("broker.api_edge", "broker.api_reports", "broker.api_policies")
+
+
+class ScaledClock:
+    """A clock whose time runs ``factor`` times faster than ``base`` from the moment it is built.
+
+    The demo gives it to dry-run providers so a job estimated at 1 h "runs" for 3.6 s at factor 1000.
+    """
+
+    def __init__(self, base: Clock, factor: float) -> None:
+        self.base = base
+        self.factor = factor
+        self._start_wall = base.now()
+        self._start_mono = base.monotonic()
+
+    def now(self) -> datetime:
+        return self._start_wall + timedelta(seconds=(self.base.monotonic() - self._start_mono) * self.factor)
+
+    def monotonic(self) -> float:
+        return self._start_mono + (self.base.monotonic() - self._start_mono) * self.factor
+
+    def sleep(self, seconds: float) -> None:
+        self.base.sleep(seconds / self.factor)
+
+
+def build_providers(settings: Settings, clock: Clock, inventory: Any = None) -> dict[str, Any]:
+    """The default providers of ``settings.providers``: the on-prem pool, and each cloud through the
+    registry when its credentials are found, else a :class:`providers.dryrun.DryRunProvider`."""
+    from providers import registry
+    from providers.dryrun import DryRunProvider
+    from providers.onprem import OnPremPool
+
+    usable = {c.name: c.usable for c in registry.check()}
+    sim_clock: Clock = clock if settings.dry_run_speedup == 1.0 else ScaledClock(clock, settings.dry_run_speedup)
+    out: dict[str, Any] = {}
+    for name in settings.providers:
+        if name == "onprem":
+            out[name] = OnPremPool(inventory, settings.data_dir, clock=sim_clock)
+        elif usable.get(name):
+            try:
+                out[name] = registry.create(name)
+            except BrokerError as exc:
+                log.warning("provider %s unusable (%s); running it in dry-run mode", name, exc)
+                out[name] = DryRunProvider(name, clock=sim_clock)
+        elif name in registry.CLOUDS:
+            out[name] = DryRunProvider(name, clock=sim_clock)
+        else:
+            try:
+                out[name] = registry.create(name)
+            except BrokerError as exc:
+                log.warning("provider %s skipped: %s", name, exc)
+    return out
+
+
+class AppState:
+    """Everything one app holds (``app.state.hb``). ``catalog`` may be ``None`` when it failed to load
+    (then ``/readyz`` answers 503 and placement fails with a clear error)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        clock: Clock,
+        providers: Mapping[str, Any],
+        catalog: Any,
+        egress: Any,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.clock = clock
+        self.providers: dict[str, Any] = dict(providers)
+        self.catalog = catalog
+        self.egress = egress
+        self.catalog_version: str = getattr(catalog, "version", "") if catalog is not None else ""
+        self.known_namespaces: set[str] = set()
+        self.metrics = Metrics(self._count_jobs)
+        self.scheduler: Any = None
+        self.first_admin_token: str | None = None
+        # Extra offers (edge devices...): callables returning offers, asked at each placement.
+        self.extra_offer_sources: list[Callable[[], list[Offer]]] = []
+
+    def _count_jobs(self) -> list[tuple[str, str, int]]:
+        jobs = JobRow.__table__  # type: ignore[attr-defined]
+        with self.store.read() as session:
+            rows = session.execute(
+                sa.select(jobs.c.namespace, jobs.c.state, sa.func.count()).group_by(jobs.c.namespace, jobs.c.state)
+            )
+            return [(r[0], r[1], int(r[2])) for r in rows]
+
+    def extra_offers(self) -> list[Offer]:
+        """Offers beyond the catalog: the on-prem pool's hosts and every extra source (edge devices)."""
+        out: list[Offer] = []
+        pool = self.providers.get("onprem")
+        if pool is not None:
+            out.extend(pool.offers())
+        for source in self.extra_offer_sources:
+            out.extend(source())
+        return out
+
+    def place(
+        self, request: PlacementRequest, *, now: datetime, extra_offers: list[Offer] | None = None, top: int = 5
+    ) -> PlacementResult:
+        """Placement of ``request`` over the catalog plus :meth:`extra_offers` (the ``broker place`` logic)."""
+        if self.catalog is None:
+            raise BrokerError("the catalog is not loaded. To fix: check BROKER_CATALOG_DIR and the server log")
+        from policies.placement import place  # type: ignore[attr-defined]
+
+        extra = self.extra_offers() if extra_offers is None else extra_offers
+        return place(request, self.catalog, self.egress, top=top, now=now, extra_offers=extra)
+
+    def get_provider(self, name: str) -> Any:
+        """The provider named ``name``; raises a provider error when it is not enabled here."""
+        provider = self.providers.get(name)
+        if provider is None:
+            raise InvalidRequestError(
+                f"provider {name!r} is not enabled on this broker. To fix: add it to BROKER_PROVIDERS",
+                provider=name,
+            )
+        return provider
+
+    def terminate_instances(self, provider: str, ids: list[str], request_id: str) -> None:
+        """Terminate ``ids`` on ``provider``, best effort (start-up reconciliation catches what fails)."""
+        try:
+            self.get_provider(provider).terminate(ids, request_id)
+        except Exception as exc:  # noqa: BLE001 - logged; reconciliation retries later
+            log.warning("terminate %s on %s failed: %s", ids, provider, exc)
+            self.metrics.provider_errors.labels(provider, getattr(exc, "kind", "provider")).inc()
+
+    def offers_matching(
+        self, provider: str | None, region: str | None, min_vcpus: float, min_memory_gib: float, min_gpus: int,
+        limit: int,
+    ) -> tuple[list[Offer], int]:
+        """Offers with at least these resources, cheapest first (at most ``limit`` + the extra offers),
+        and how many matched in all."""
+        offers: list[Offer] = []
+        total = 0
+        if self.catalog is not None:
+            idx = self.catalog.query(
+                min_vcpus=min_vcpus, min_memory_gib=min_memory_gib, gpus=min_gpus,
+                providers=(provider,) if provider else (), regions=(region,) if region else (),
+            )
+            total = len(idx)
+            order = idx[self.catalog.hourly_usd[idx].argsort(kind="stable")]
+            offers = self.catalog.offers(order[:limit])
+        for o in self.extra_offers():
+            it = o.instance_type
+            if (
+                (provider is None or o.location.provider == provider)
+                and (region is None or o.location.region == region)
+                and it.vcpus >= min_vcpus and it.memory_gib >= min_memory_gib and it.gpus >= min_gpus
+            ):
+                offers.append(o)
+                total += 1
+        return sorted(offers, key=lambda o: o.hourly_usd)[:limit], total
+
+
+def _load_pricing(settings: Settings) -> tuple[Any, Any, Any]:
+    import pricing
+
+    catalog = pricing.load_catalog(settings.catalog_dir)
+    inventory = pricing.load_inventory(settings.inventory)
+    egress = pricing.load_egress(settings.egress_config, sites=inventory.sites)
+    return catalog, egress, inventory
+
+
+def _error(status: int, message: str, field: str | None = None) -> JSONResponse:
+    body: dict[str, Any] = {"detail": message}
+    if field is not None:
+        body["field"] = field
+    return JSONResponse(body, status_code=status)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(SpecError)
+    async def _spec(_: Request, exc: SpecError) -> JSONResponse:
+        return _error(422, str(exc), exc.field)
+
+    @app.exception_handler(NotFoundError)
+    async def _nf(_: Request, exc: NotFoundError) -> JSONResponse:
+        return _error(404, str(exc))
+
+    @app.exception_handler(ConflictError)
+    async def _conflict(_: Request, exc: ConflictError) -> JSONResponse:
+        return _error(409, str(exc))
+
+    @app.exception_handler(AuthError)
+    async def _auth(_: Request, exc: AuthError) -> JSONResponse:
+        return _error(503, str(exc))
+
+    @app.exception_handler(BrokerError)
+    async def _broker(_: Request, exc: BrokerError) -> JSONResponse:
+        return _error(400, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        field = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return JSONResponse(
+            {"detail": f"{field}: {first.get('msg', 'invalid')}" if field else str(first.get("msg", "invalid")),
+             "field": field, "errors": [{k: e.get(k) for k in ("loc", "msg", "type")} for e in errors]},
+            status_code=422,
+        )
+
+
+def create_app(
+    settings: Settings,
+    *,
+    clock: Clock | None = None,
+    providers: Mapping[str, Any] | None = None,
+    catalog: Any = None,
+    egress: Any = None,
+) -> FastAPI:
+    """Build a ready broker app for ``settings``.
+
+    ``clock`` defaults to the system clock; ``providers`` (name -> Provider) replaces the defaults of
+    :func:`build_providers`; ``catalog``/``egress`` replace the loaded ones (tests pass tiny ones).
+    Migrates the store to head and creates the admin token at first start (``settings.admin_token`` when
+    set, else a random one kept in ``app.state.hb.first_admin_token`` and printed once on stderr).
+    """
+    clock = clock or SystemClock()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(settings.effective_database_url)
+    upgrade(store.engine)
+    first_token = ensure_admin_token(store, now=clock.now(), configured=settings.admin_token)
+
+    inventory = None
+    if catalog is None or egress is None:
+        try:
+            loaded_catalog, loaded_egress, inventory = _load_pricing(settings)
+        except (BrokerError, OSError, ImportError) as exc:
+            log.error("catalog not loaded: %s", exc)
+            loaded_catalog, loaded_egress = None, None
+        catalog = catalog if catalog is not None else loaded_catalog
+        egress = egress if egress is not None else loaded_egress
+    if providers is None:
+        providers = build_providers(settings, clock, inventory)
+
+    state = AppState(settings, store, clock, providers, catalog, egress)
+    state.first_admin_token = first_token
+    if first_token is not None and settings.admin_token is None:
+        print(f"broker: admin token (shown once, keep it): {first_token}", file=sys.stderr, flush=True)
+
+    from broker.scheduler import Scheduler
+
+    state.scheduler = Scheduler(state)
+    stop = threading.Event()
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        thread = None
+        if settings.scheduler_enabled:
+            stop.clear()
+            thread = threading.Thread(target=state.scheduler.run_forever, args=(stop,), name="hb-scheduler",
+                                      daemon=True)
+            thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            if thread is not None:
+                thread.join(timeout=30)
+            store.dispose()
+
+    app = FastAPI(
+        title="hybrid-broker",
+        version="0.1.0",
+        description="Cost-aware placement and execution of jobs across clouds, on-prem and edge.",
+        lifespan=lifespan,
+    )
+    app.state.hb = state
+    _install_error_handlers(app)
+
+    from broker.api import router
+
+    app.include_router(router)
+    for module_name in OPTIONAL_ROUTERS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue
+        app.include_router(module.router)
+    return app
+
+
+def replace_settings(settings: Settings, **changes: Any) -> Settings:
+    """``dataclasses.replace`` for :class:`Settings` (a convenience for tests and the demo)."""
+    return dataclasses.replace(settings, **changes)

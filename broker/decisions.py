@@ -1,0 +1,259 @@
+"""Decision records: what the broker chose for each placement (and preview), and why.
+
+Every placement the scheduler makes and every ``POST /v1/placements:preview`` stores one
+:class:`DecisionRecord`: the request (resources, data inputs, constraints), the chosen option and
+the ranked alternatives with their full cost breakdown (compute, egress, transfer hours, capacity
+kind, site), the rejection counts by reason, the policy, and the catalog version whose prices were
+used. When the run finishes, :func:`record_outcome` adds the actual runtime and cost.
+
+History is never re-priced: the reports (``broker.reports``) read the prices stored in each record.
+
+Design choice: a few values the reports aggregate over (provider, region, capacity, totals) are
+copied into plain columns beside the JSON so that filters and sums do not need to parse JSON; the
+JSON columns stay the complete truth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from enum import Enum
+from typing import Any
+
+from sqlalchemy import JSON, Column, DateTime
+from sqlmodel import Field, Session, SQLModel, col, select
+
+from broker.model import PlacementOption, PlacementResult, Request
+
+__all__ = [
+    "DecisionRecord",
+    "KINDS",
+    "record_decision",
+    "record_outcome",
+    "query_decisions",
+    "request_to_dict",
+    "option_to_dict",
+    "as_utc",
+]
+
+KINDS = ("placement", "preview")
+
+
+class DecisionRecord(SQLModel, table=True):
+    """One placement decision. Money is USD for the whole job (all nodes); times are UTC.
+
+    ``chosen`` is ``None`` when nothing was feasible. ``alternatives`` are the ranked options the
+    placement returned (each a full :class:`~broker.model.PlacementOption` dict, including ``site``
+    and ``finish_hours``). ``rejected`` maps a reason constant to the number of offers it removed.
+    The ``runtime_hours``/``actual_cost_usd``/``finished_at``/``deadline_met`` columns stay ``None``
+    until :func:`record_outcome` is called for the job.
+    """
+
+    __tablename__ = "decision_records"
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str | None = Field(default=None, index=True, max_length=128)
+    namespace: str | None = Field(default=None, index=True, max_length=128)
+    kind: str = Field(default="placement", max_length=16)
+    job_name: str = Field(default="", max_length=256)
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False, index=True))
+    request: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    chosen: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    alternatives: list[dict[str, Any]] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    rejected: dict[str, int] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    constraints: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    considered: int = 0
+    feasible: int = 0
+    policy: str = Field(default="", max_length=64)
+    catalog_version: str = Field(default="", max_length=128)
+    explanation: str = ""
+    # denormalised from `chosen` for filters and sums (None when nothing was feasible)
+    provider: str | None = Field(default=None, max_length=32)
+    region: str | None = Field(default=None, max_length=64)
+    capacity: str | None = Field(default=None, max_length=16)
+    total_usd: float | None = None
+    nodes: int = 1
+    # deadline: the request's deadline and the predicted finish (created_at + finish hours)
+    deadline: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True), nullable=True))
+    predicted_finish_at: datetime | None = Field(
+        default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
+    )
+    # outcome, filled by record_outcome when the run finished
+    runtime_hours: float | None = None
+    actual_cost_usd: float | None = None
+    finished_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True), nullable=True))
+    deadline_met: bool | None = None
+
+
+def as_utc(value: datetime | None) -> datetime | None:
+    """``value`` as timezone-aware UTC; a naive value (SQLite returns those) is taken to be UTC."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, datetime):
+        return as_utc(value).isoformat()  # type: ignore[union-attr]
+    if isinstance(value, tuple | list):
+        return [_jsonable(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def request_to_dict(request: Request) -> dict[str, Any]:
+    """Every field of ``request`` as JSON-ready values (enums as strings, deadline as ISO UTC,
+    data inputs as ``{uri, location, size_gib}`` dicts)."""
+    out = _jsonable(request)
+    assert isinstance(out, dict)
+    return out
+
+
+def option_to_dict(option: PlacementOption) -> dict[str, Any]:
+    """Every field of ``option`` (the public contract keys plus ``site`` and ``finish_hours``)."""
+    out = _jsonable(option)
+    assert isinstance(out, dict)
+    return out
+
+
+def _finish_hours(option: PlacementOption, request: Request) -> float:
+    if option.finish_hours > 0:
+        return option.finish_hours
+    return option.transfer_hours + request.duration_hours
+
+
+def record_decision(
+    session: Session,
+    *,
+    job_id: str | None,
+    namespace: str | None,
+    request: Request,
+    result: PlacementResult,
+    policy: str,
+    catalog_version: str,
+    now: datetime,
+    kind: str = "placement",
+) -> int:
+    """Add the decision record of ``result`` to ``session`` and return its id.
+
+    The caller owns the transaction: the row is flushed (so the id exists) but not committed,
+    so it commits or rolls back together with the PLACED transition. ``catalog_version`` is
+    the version whose prices ``result`` used (``result.catalog_version`` when empty).
+    ``now`` must be timezone-aware (naive is taken as UTC). ``kind`` is ``placement`` or ``preview``.
+    Raises ``ValueError`` for an unknown kind.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"decision kind {kind!r} is not one of {', '.join(KINDS)}. To fix: pass kind='placement'")
+    created = as_utc(now)
+    assert created is not None
+    chosen = result.placement
+    constraints = {
+        "providers": list(request.providers),
+        "regions": list(request.regions),
+        "spot": _jsonable(request.spot),
+        "max_hourly_usd": request.max_hourly_usd,
+        "deadline": _jsonable(request.deadline),
+        "objective": _jsonable(request.objective),
+        "arch": request.arch,
+        "accelerator": request.accelerator,
+        "nodes": request.nodes,
+        "same_zone": request.same_zone,
+    }
+    record = DecisionRecord(
+        job_id=job_id,
+        namespace=namespace,
+        kind=kind,
+        job_name=request.name or result.job,
+        created_at=created,
+        request=request_to_dict(request),
+        chosen=None if chosen is None else option_to_dict(chosen),
+        alternatives=[option_to_dict(a) for a in result.alternatives],
+        rejected={str(k): int(v) for k, v in result.rejected.items()},
+        constraints=constraints,
+        considered=result.considered,
+        feasible=result.feasible,
+        policy=policy,
+        catalog_version=catalog_version or result.catalog_version,
+        explanation=result.explanation,
+        provider=None if chosen is None else chosen.provider,
+        region=None if chosen is None else chosen.region,
+        capacity=None if chosen is None else chosen.capacity,
+        total_usd=None if chosen is None else chosen.total_usd,
+        nodes=request.nodes,
+        deadline=as_utc(request.deadline),
+        predicted_finish_at=(
+            None if chosen is None else created + timedelta(hours=_finish_hours(chosen, request))
+        ),
+    )
+    session.add(record)
+    session.flush()
+    assert record.id is not None
+    return record.id
+
+
+def record_outcome(
+    session: Session, job_id: str, runtime_hours: float, finished_at: datetime
+) -> DecisionRecord | None:
+    """Store the actual runtime of ``job_id``'s run on its latest placement record.
+
+    ``actual_cost_usd = hourly_usd * nodes * runtime_hours + egress_usd`` (the egress was paid
+    when the data moved). ``deadline_met`` is set when the request had a deadline. Returns the
+    updated record (added to the session, not committed), or ``None`` when the job has no
+    placement record (e.g. it was placed before records existed). Raises ``ValueError`` for a
+    negative runtime.
+    """
+    if runtime_hours < 0:
+        raise ValueError(f"runtime_hours must be >= 0, got {runtime_hours}")
+    stmt = (
+        select(DecisionRecord)
+        .where(DecisionRecord.job_id == job_id, DecisionRecord.kind == "placement")
+        .where(col(DecisionRecord.chosen).is_not(None))
+        .order_by(col(DecisionRecord.created_at).desc(), col(DecisionRecord.id).desc())
+        .limit(1)
+    )
+    record = session.exec(stmt).first()
+    if record is None or record.chosen is None:
+        return None
+    finished = as_utc(finished_at)
+    hourly = float(record.chosen.get("hourly_usd", 0.0))
+    egress = float(record.chosen.get("egress_usd", 0.0))
+    record.runtime_hours = float(runtime_hours)
+    record.finished_at = finished
+    record.actual_cost_usd = hourly * max(1, record.nodes) * float(runtime_hours) + egress
+    deadline = as_utc(record.deadline)
+    record.deadline_met = None if deadline is None or finished is None else finished <= deadline
+    session.add(record)
+    session.flush()
+    return record
+
+
+def query_decisions(
+    session: Session,
+    namespace: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    *,
+    kinds: Sequence[str] = KINDS,
+) -> list[DecisionRecord]:
+    """Decision records with ``since <= created_at < until`` (either bound ``None`` = open), of
+    ``namespace`` (``None`` = all namespaces), oldest first (ties by id)."""
+    stmt = select(DecisionRecord)
+    if namespace is not None:
+        stmt = stmt.where(DecisionRecord.namespace == namespace)
+    since_at, until_at = as_utc(since), as_utc(until)
+    if since_at is not None:
+        stmt = stmt.where(col(DecisionRecord.created_at) >= since_at)
+    if until_at is not None:
+        stmt = stmt.where(col(DecisionRecord.created_at) < until_at)
+    if tuple(kinds) != KINDS:
+        stmt = stmt.where(col(DecisionRecord.kind).in_(list(kinds)))
+    stmt = stmt.order_by(col(DecisionRecord.created_at), col(DecisionRecord.id))
+    return list(session.exec(stmt).all())

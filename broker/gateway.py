@@ -1,0 +1,469 @@
+"""The broker's MQTT side: receives every device's uplink, dispatches tasks, keeps the device registry.
+
+* Subscribes with an MQTT 5 **shared subscription** ``$share/<group>/hb/v1/dev/+/up/#`` so several broker
+  replicas split the load (each replica: its own ``client_id``, the same ``group``).
+* Every uplink is checked (:mod:`edge.protocol`): size, shape, sender = certificate identity (Mosquitto's
+  ACL pins a device to ``hb/v1/dev/<CN>/``, so the topic's device is the authenticated one) = envelope
+  device, device known and not revoked, certificate unexpired, signature by the device's registered key,
+  timestamp within the window, duplicate id (dropped and re-acknowledged), sequence strictly increasing.
+  Rejections are counted by reason (:attr:`Gateway.rejections`, and ``hb_edge_rejected_total`` when
+  prometheus-client is installed), logged, and never affect other devices.
+* Accepted messages are written idempotently (``edge_uplinks`` keyed by device and message id) in one
+  transaction per batch, then acknowledged to the device (``down/ack``), which deletes them from its outbox.
+* :meth:`Gateway.dispatch` sends a task with an expiry; outcomes go to a :class:`TaskSink` exactly once per
+  task (the first terminal state wins). A device silent for ``replace_after_s`` loses its unfinished tasks
+  (sink state ``LOST``: the scheduler re-places the job) and gets a ``cancel`` for them.
+
+Sink states: ``RUNNING``, ``SUCCEEDED``, ``FAILED``, ``CANCELLED``, ``LOST`` (device offline too long or
+task expired undelivered) and ``REFUSED`` (the device refused it, e.g. expired): re-place on the last two.
+
+Design choice: with several replicas one device's messages may be processed by two replicas at once; the
+sequence check is then done against the store's ``last_seq`` and a message that loses the race is not
+acknowledged, so the agent re-sends it (it is never stored twice).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+import paho.mqtt.client as mqtt
+import sqlalchemy as sa
+from cryptography.hazmat.primitives.asymmetric import ec
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from sqlmodel import Session, col, select
+
+from broker.clock import Clock, SystemClock
+from broker.devices import OFFLINE_AFTER_SECONDS, EdgeDeviceRow, EdgeTaskRow, UplinkRow
+from broker.errors import NotFoundError
+from broker.model import JobSpec
+from broker.store import Store, utc
+from edge import pki, protocol
+
+__all__ = ["Gateway", "TaskSink", "RecordingSink", "task_body"]
+
+log = logging.getLogger("broker.gateway")
+_TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost", "refused"})
+_SINK_STATE = {"running": "RUNNING", "succeeded": "SUCCEEDED", "failed": "FAILED", "cancelled": "CANCELLED",
+               "lost": "LOST", "refused": "REFUSED"}
+_prom: Any = None
+
+
+def _prom_counters() -> Any:
+    """Module-level prometheus counters (created once per process), or None without prometheus-client."""
+    global _prom
+    if _prom is None:
+        try:
+            from prometheus_client import Counter
+        except ImportError:  # pragma: no cover
+            _prom = False
+            return None
+        _prom = (Counter("hb_edge_rejected_total", "Edge uplink messages refused, by reason", ["reason"]),
+                 Counter("hb_edge_uplinks_total", "Edge uplink messages stored, by kind", ["kind"]))
+    return _prom or None
+
+
+class TaskSink(Protocol):
+    """Where task outcomes go (the scheduler). Called once per state change; never for a late outcome."""
+
+    def task_status(self, job_id: str, state: str, exit_code: int | None, detail: Mapping[str, Any]) -> None: ...
+
+
+class RecordingSink:
+    """A sink that keeps every call (tests, examples, and a default)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, int | None, dict[str, Any]]] = []
+        self.changed = threading.Condition()
+
+    def task_status(self, job_id: str, state: str, exit_code: int | None, detail: Mapping[str, Any]) -> None:
+        with self.changed:
+            self.calls.append((job_id, state, exit_code, dict(detail)))
+            self.changed.notify_all()
+
+    def wait_for(self, job_id: str, state: str, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        with self.changed:
+            while not any(c[0] == job_id and c[1] == state for c in self.calls):
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self.changed.wait(left)
+        return True
+
+
+def task_body(task_id: str, job_id: str, spec: JobSpec, expires_at: datetime) -> dict[str, Any]:
+    """The ``task`` downlink for ``spec``: command, env, limits (time from the duration estimate x2, at least
+    60 s, or ``spec.activeDeadlineSeconds``; memory = limits.memory or requests, in MiB, at least 64)."""
+    raw_spec = spec.raw.get("spec", {}) if isinstance(spec.raw, Mapping) else {}
+    deadline_s = raw_spec.get("activeDeadlineSeconds") if isinstance(raw_spec, Mapping) else None
+    timeout = float(deadline_s) if deadline_s else max(60.0, spec.request.duration_hours * 3600 * 2)
+    mem_gib = spec.limits.get("memory") or spec.request.memory_gib
+    return {"task_id": task_id, "job_id": job_id, "command": list(spec.command), "env": dict(spec.env),
+            "image": spec.image, "timeout_seconds": timeout, "memory_mib": max(64, int(mem_gib * 1024)),
+            "expires_ms": int(expires_at.timestamp() * 1000)}
+
+
+@dataclass
+class _Accepted:
+    device: str
+    env: protocol.Envelope
+
+
+class Gateway:
+    """One gateway replica. ``start()`` connects and runs the worker thread; ``stop()`` ends both."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        host: str,
+        port: int,
+        ca_file: str,
+        cert_file: str,
+        key_file: str,
+        sink: TaskSink | None = None,
+        clock: Clock | None = None,
+        group: str = "hb-gateway",
+        client_id: str | None = None,
+        window_s: float = protocol.WINDOW_SECONDS,
+        max_payload_bytes: int = protocol.MAX_PAYLOAD_BYTES,
+        offline_after_s: float = OFFLINE_AFTER_SECONDS,
+        replace_after_s: float = 300.0,
+        batch: int = 1000,
+    ) -> None:
+        self.store = store
+        self.sink: TaskSink = sink or RecordingSink()
+        self.clock = clock or SystemClock()
+        self.group = group
+        self.window_ms = int(window_s * 1000)
+        self.max_payload_bytes = max_payload_bytes
+        self.offline_after_s = offline_after_s
+        self.replace_after_s = replace_after_s
+        self.batch = batch
+        self.rejections = protocol.RejectionCounter(on_reject=self._count_prom)
+        self.accepted = 0
+        self.duplicates = 0
+        self._key = pki.load_key(key_file)
+        self._inbox: queue.Queue[tuple[str, bytes]] = queue.Queue()
+        self._stop = threading.Event()
+        self._connected = threading.Event()
+        self._down_seq = 0
+        self._seq_lock = threading.Lock()
+        self._pubkeys: dict[str, ec.EllipticCurvePublicKey] = {}  # cert serial -> key
+        self._worker: threading.Thread | None = None
+        self._last_check = 0.0
+        cid = client_id or f"hb-gateway-{socket.gethostname()}"
+        c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=cid, protocol=MQTTProtocolVersion.MQTTv5)
+        c.tls_set(ca_certs=ca_file, certfile=cert_file, keyfile=key_file, tls_version=ssl.PROTOCOL_TLS_CLIENT)
+        c.max_inflight_messages_set(200)
+        c.max_queued_messages_set(0)
+        c.reconnect_delay_set(1, 10)
+        c.on_connect = self._on_connect
+        c.on_disconnect = lambda *_a: self._connected.clear()
+        c.on_message = lambda _c, _u, m: self._inbox.put((m.topic, bytes(m.payload)))
+        self._client = c
+        self._host, self._port = host, port
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def _count_prom(self, reason: str) -> None:
+        p = _prom_counters()
+        if p:
+            p[0].labels(reason=reason).inc()
+
+    def _on_connect(self, client: mqtt.Client, _u: Any, _f: Any, reason_code: Any, _p: Any) -> None:
+        if getattr(reason_code, "is_failure", False):
+            log.error("gateway connect refused: %s", reason_code)
+            return
+        client.subscribe(f"$share/{self.group}/{protocol.TOPIC_ROOT}/+/up/#", qos=1)
+        self._connected.set()
+
+    def start(self, wait_s: float = 10.0) -> None:
+        """Connect (clean start, session kept 1 h), subscribe, and start processing; waits until connected."""
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 3600
+        self._client.connect_async(self._host, self._port, keepalive=30, clean_start=False, properties=props)
+        self._client.loop_start()
+        self._worker = threading.Thread(target=self._work, name="gateway-worker", daemon=True)
+        self._worker.start()
+        if not self._connected.wait(wait_s):
+            raise ConnectionError(f"gateway could not connect to mqtts://{self._host}:{self._port} in {wait_s} s. "
+                                  "To fix: check BROKER_MQTT_URL and the gateway certificate")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._worker is not None:
+            self._worker.join(timeout=10)
+        self._client.disconnect()
+        self._client.loop_stop()
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    # ---- downlink -------------------------------------------------------------------------------
+    def _next_seq(self) -> int:
+        with self._seq_lock:
+            self._down_seq = max(self._down_seq + 1, time.time_ns() // 1000)
+            return self._down_seq
+
+    def send(self, device_id: str, kind: str, body: Mapping[str, Any], *, expiry_s: float | None = None,
+             id: str | None = None) -> None:
+        """Sign and publish one downlink (QoS 1) to ``device_id``."""
+        payload = protocol.seal(kind, body, device=device_id, seq=self._next_seq(), key=self._key, id=id)
+        props = None
+        if expiry_s is not None:
+            props = Properties(PacketTypes.PUBLISH)
+            props.MessageExpiryInterval = max(1, int(expiry_s))
+        self._client.publish(protocol.down_topic(device_id, kind), payload, qos=1, properties=props)
+
+    def dispatch(self, device_id: str, job_id: str, spec: JobSpec, expires_at: datetime) -> None:
+        """Send ``spec`` to ``device_id`` as a new task (id ``<job_id>.<n>``) that the device refuses after
+        ``expires_at``. Raises :class:`NotFoundError` for an unknown or revoked device."""
+        now = self.clock.now()
+        with self.store.tx() as s:
+            dev = s.get(EdgeDeviceRow, device_id)
+            if dev is None or dev.revoked_at is not None:
+                raise NotFoundError(f"edge device {device_id!r} not found or revoked. To fix: place the job "
+                                    "on an enrolled device (broker devices list)")
+            n = s.exec(select(sa.func.count()).select_from(EdgeTaskRow).where(EdgeTaskRow.job_id == job_id)).one()
+            task_id = f"{job_id}.{int(n) + 1}"
+            body = task_body(task_id, job_id, spec, expires_at)
+            s.add(EdgeTaskRow(task_id=task_id, job_id=job_id, device_id=device_id, state="dispatched",
+                              body=json.dumps(body), expires_at=expires_at, dispatched_at=now, updated_at=now))
+        self.send(device_id, "task", body, expiry_s=(expires_at - now).total_seconds(), id=task_id)
+
+    def _redispatch(self, s: Session, device_id: str, now: datetime) -> list[dict[str, Any]]:
+        rows = s.exec(select(EdgeTaskRow).where(EdgeTaskRow.device_id == device_id,
+                                                EdgeTaskRow.state == "dispatched")).all()
+        return [json.loads(r.body) for r in rows if utc(r.expires_at) > now]
+
+    # ---- uplink ---------------------------------------------------------------------------------
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            try:
+                first = self._inbox.get(timeout=0.2)
+            except queue.Empty:
+                self._maybe_check()
+                continue
+            batch = [first]
+            while len(batch) < self.batch:
+                try:
+                    batch.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                self.process(batch)
+            except Exception:  # noqa: BLE001 - never let one bad batch stop the gateway
+                log.exception("gateway batch of %d failed; the devices will re-send", len(batch))
+            self._maybe_check()
+
+    def _maybe_check(self) -> None:
+        if time.monotonic() - self._last_check >= 5.0:
+            self._last_check = time.monotonic()
+            try:
+                self.check_devices()
+            except Exception:  # noqa: BLE001
+                log.exception("device check failed")
+
+    def _reject(self, reason: str, topic: str, detail: str) -> None:
+        self.rejections.add(reason)
+        log.warning("uplink rejected (%s) on %s: %s", reason, topic, detail[:200])
+
+    def _pubkey(self, dev: EdgeDeviceRow) -> ec.EllipticCurvePublicKey:
+        key = self._pubkeys.get(dev.cert_serial)
+        if key is None:
+            pub = pki.load_cert(dev.cert_pem).public_key()
+            assert isinstance(pub, ec.EllipticCurvePublicKey)
+            self._pubkeys[dev.cert_serial] = key = pub
+        return key
+
+    def process(self, batch: list[tuple[str, bytes]]) -> int:
+        """Check, store and acknowledge one batch of ``(topic, payload)`` uplinks; returns how many were stored.
+
+        One transaction for the batch; side effects (acks, sink calls, re-dispatch) run after the commit."""
+        now = self.clock.now()
+        now_ms = int(now.timestamp() * 1000)
+        parsed: list[tuple[str, str, protocol.Envelope]] = []
+        for topic, payload in batch:
+            try:
+                device, direction, kind = protocol.parse_topic(topic)
+                if direction != "up":
+                    raise protocol.Rejected(protocol.MALFORMED, "not an uplink topic")
+                env = protocol.open_envelope(payload, max_bytes=self.max_payload_bytes)
+                if env.kind != kind or kind not in protocol.UP_KINDS:
+                    raise protocol.Rejected(protocol.MALFORMED, f"kind {env.kind!r} on topic kind {kind!r}")
+                if env.device != device:
+                    raise protocol.Rejected(protocol.IDENTITY, f"envelope device {env.device!r} on {device!r}")
+            except protocol.Rejected as rej:
+                self._reject(rej.reason, topic, rej.detail)
+                continue
+            parsed.append((topic, device, env))
+        if not parsed:
+            return 0
+        acks: dict[str, list[str]] = {}
+        requeue: dict[str, list[str]] = {}
+        effects: list[tuple[str, str, int | None, dict[str, Any]]] = []
+        redispatch: dict[str, list[dict[str, Any]]] = {}
+        stored = 0
+        kinds: dict[str, int] = {}
+        with self.store.tx() as s:
+            ids_by_dev: dict[str, list[str]] = {}
+            for _t, d, e in parsed:
+                ids_by_dev.setdefault(d, []).append(e.id)
+            devs = {d.id: d for d in s.exec(select(EdgeDeviceRow).where(col(EdgeDeviceRow.id).in_(ids_by_dev)))}
+            seen: set[tuple[str, str]] = set()
+            for d, ids in ids_by_dev.items():
+                for chunk_start in range(0, len(ids), 500):
+                    chunk = ids[chunk_start:chunk_start + 500]
+                    q = select(UplinkRow.msg_id).where(UplinkRow.device_id == d, col(UplinkRow.msg_id).in_(chunk))
+                    seen.update((d, m) for m in s.exec(q).all())
+            rows: list[dict[str, Any]] = []
+            for topic, d, env in parsed:
+                dev = devs.get(d)
+                try:
+                    if dev is None:
+                        raise protocol.Rejected(protocol.UNKNOWN_SENDER, f"device {d!r} is not enrolled")
+                    if dev.revoked_at is not None:
+                        raise protocol.Rejected(protocol.REVOKED, f"device {d!r} is revoked")
+                    if utc(dev.cert_not_after) <= now:
+                        raise protocol.Rejected(protocol.REVOKED, f"device {d!r} certificate expired")
+                    protocol.verify_signature(env, self._pubkey(dev))
+                    if abs(env.ts - now_ms) > self.window_ms:
+                        raise protocol.Rejected(protocol.STALE, f"ts is {abs(env.ts - now_ms) / 1000:.0f} s off")
+                    if (d, env.id) in seen:
+                        self.duplicates += 1
+                        acks.setdefault(d, []).append(env.id)
+                        raise protocol.Rejected(protocol.DUPLICATE, f"id {env.id}")
+                    if env.seq <= dev.last_seq:
+                        # An id never stored but an old seq: a message overtaken by newer ones (lost in the
+                        # MQTT broker and re-sent, or a replica race). Refuse it and ask for a new seq.
+                        requeue.setdefault(d, []).append(env.id)
+                        raise protocol.Rejected(protocol.REPLAY, f"seq {env.seq} <= {dev.last_seq}")
+                except protocol.Rejected as rej:
+                    if rej.reason == protocol.DUPLICATE:
+                        self.rejections.add(rej.reason)  # a redelivery: counted, not worth a warning
+                    else:
+                        self._reject(rej.reason, topic, rej.detail)
+                    continue
+                assert dev is not None
+                seen.add((d, env.id))
+                dev.last_seq = env.seq
+                dev.last_seen = now
+                dev.online = True
+                rows.append({"device_id": d, "msg_id": env.id, "seq": env.seq, "kind": env.kind, "ts_ms": env.ts,
+                             "body": json.dumps(env.body, separators=(",", ":")), "received_at": now})
+                acks.setdefault(d, []).append(env.id)
+                kinds[env.kind] = kinds.get(env.kind, 0) + 1
+                self._apply(s, dev, env, now, effects, redispatch)
+            if rows:
+                s.execute(sa.insert(UplinkRow), rows)
+                stored = len(rows)
+            for dev in devs.values():
+                s.add(dev)
+        self.accepted += stored
+        p = _prom_counters()
+        if p:
+            for k, n in kinds.items():
+                p[1].labels(kind=k).inc(n)
+        for d in set(acks) | set(requeue):
+            ids, again = acks.get(d, []), requeue.get(d, [])
+            for i in range(0, max(len(ids), len(again)), 1000):
+                body: dict[str, Any] = {"ids": ids[i:i + 1000]}
+                if again[i:i + 1000]:
+                    body["requeue"] = again[i:i + 1000]
+                self.send(d, "ack", body)
+        for d, bodies in redispatch.items():
+            for b in bodies:
+                self.send(d, "task", b, expiry_s=(b["expires_ms"] - now_ms) / 1000, id=str(b["task_id"]))
+        for job_id, state, code, detail in effects:
+            try:
+                self.sink.task_status(job_id, state, code, detail)
+            except Exception:  # noqa: BLE001 - the scheduler's problem must not stop the gateway
+                log.exception("task sink failed for job %s", job_id)
+        return stored
+
+    def _apply(self, s: Session, dev: EdgeDeviceRow, env: protocol.Envelope, now: datetime,
+               effects: list[tuple[str, str, int | None, dict[str, Any]]],
+               redispatch: dict[str, list[dict[str, Any]]]) -> None:
+        b = env.body
+        if env.kind == "hello":
+            dev.agent_version = str(b.get("agent_version") or "")[:32] or dev.agent_version
+            redispatch[dev.id] = self._redispatch(s, dev.id, now)
+        elif env.kind == "capacity":
+            dev.vcpus = float(b.get("vcpus") or 0)
+            dev.memory_gib = float(b.get("memory_gib") or 0)
+            dev.gpus = int(b.get("gpus") or 0)
+            dev.arch = str(b.get("arch") or "amd64")[:16]
+            dev.disk_gib = float(b.get("disk_gib") or 0)
+            dev.agent_version = str(b.get("agent_version") or "")[:32] or dev.agent_version
+            raw_link = b.get("link")
+            link: Mapping[str, Any] = raw_link if isinstance(raw_link, Mapping) else {}
+            if link.get("latency_ms") is not None:
+                dev.latency_ms = float(link["latency_ms"])
+            if link.get("bandwidth_mbps") is not None:
+                dev.bandwidth_mbps = float(link["bandwidth_mbps"])
+        elif env.kind in ("status", "result"):
+            task_id = str(b.get("task_id") or "")
+            task = s.get(EdgeTaskRow, task_id) if task_id else None
+            if task is None or task.device_id != dev.id:
+                return
+            state = str(b.get("state") or "")
+            if env.kind == "result" and not b.get("final"):
+                return
+            if state == "running" and task.state == "dispatched":
+                task.state, task.updated_at = "running", now
+                effects.append((task.job_id, "RUNNING", None, {"task_id": task_id, "device": dev.id}))
+            elif state in ("succeeded", "failed", "cancelled", "refused"):
+                code = b.get("exit_code") if isinstance(b.get("exit_code"), int) else None
+                if task.state in _TERMINAL:
+                    task.late_outcome = state  # never report a job's outcome twice
+                else:
+                    task.state, task.exit_code, task.updated_at = state, code, now
+                    effects.append((task.job_id, _SINK_STATE[state], code,
+                                    {"task_id": task_id, "device": dev.id, **{k: b[k] for k in b
+                                     if k in ("error", "stdout_tail", "stderr_tail", "results", "reason")}}))
+            s.add(task)
+
+    # ---- registry upkeep ------------------------------------------------------------------------
+    def check_devices(self) -> None:
+        """Mark silent devices offline; give up on tasks of devices silent for ``replace_after_s`` and on
+        tasks that expired undelivered (sink ``LOST``), sending a ``cancel`` to the device."""
+        now = self.clock.now()
+        off = now - timedelta(seconds=self.offline_after_s)
+        lost_before = now - timedelta(seconds=self.replace_after_s)
+        effects: list[tuple[str, str, int | None, dict[str, Any]]] = []
+        cancels: list[tuple[str, str]] = []
+        with self.store.tx() as s:
+            for dev in s.exec(select(EdgeDeviceRow).where(EdgeDeviceRow.online == True)).all():  # noqa: E712
+                if dev.last_seen is None or utc(dev.last_seen) < off:
+                    dev.online = False
+                    s.add(dev)
+            open_tasks = s.exec(select(EdgeTaskRow).where(col(EdgeTaskRow.state).in_(("dispatched", "running"))))
+            for t in open_tasks.all():
+                owner = s.get(EdgeDeviceRow, t.device_id)
+                silent = owner is None or owner.last_seen is None or utc(owner.last_seen) < lost_before
+                gone = owner is None or owner.revoked_at is not None
+                undelivered = t.state == "dispatched" and utc(t.expires_at) <= now
+                if (silent and utc(t.dispatched_at) < lost_before) or gone or undelivered:
+                    reason = "expired" if undelivered else "revoked" if gone else "device offline"
+                    t.state, t.updated_at = "lost", now
+                    s.add(t)
+                    effects.append((t.job_id, "LOST", None, {"task_id": t.task_id, "device": t.device_id,
+                                                             "reason": reason}))
+                    cancels.append((t.device_id, t.task_id))
+        for device_id, task_id in cancels:
+            self.send(device_id, "cancel", {"task_id": task_id})
+        for e in effects:
+            self.sink.task_status(*e)

@@ -1,0 +1,1 @@
+"""Alembic revisions (one module per revision; Alembic itself ignores this file)."""

@@ -1,0 +1,175 @@
+"""Reading decision records from the store, and writing a report file from a database URL."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, select
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlalchemy.orm import Session
+
+from broker.decisions import DecisionRecord, as_utc
+from broker.errors import NotFoundError, SpecError
+from broker.reports.build import Rec, build_report
+from broker.reports.model import Report, ReportFilters
+
+__all__ = ["FORMATS", "parse_when", "load_records", "report_from_store", "write_report", "catalog_store"]
+
+FORMATS = ("html", "csv", "json")
+
+_REL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(m|min|h|d|w)\s*$", re.IGNORECASE)
+_UNIT_SECONDS = {"m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_when(value: str | datetime | None, *, now: datetime, field: str = "since") -> datetime | None:
+    """A time bound from ``7d``/``24h``/``90m``/``2w`` (that long before ``now``), an ISO date
+    (``2026-01-31``, midnight UTC) or an ISO datetime (naive = UTC). ``None``/empty = open bound.
+    Raises ``SpecError(field, ...)`` for anything else."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, datetime):
+        return as_utc(value)
+    m = _REL.match(value)
+    if m:
+        start = as_utc(now)
+        assert start is not None
+        return start - timedelta(seconds=float(m.group(1)) * _UNIT_SECONDS[m.group(2).lower()])
+    try:
+        parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise SpecError(
+            field,
+            f"{value!r} is not a time. To fix: use a duration like 7d, 24h, 90m, 2w or an ISO date "
+            "like 2026-01-31 or 2026-01-31T12:00:00Z",
+        ) from None
+    return as_utc(parsed)
+
+
+def load_records(
+    conn: Connection | Session,
+    namespace: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> list[Rec]:
+    """Decision records with ``since <= created_at < until`` of ``namespace`` (``None`` = all),
+    oldest first, read with one Core query (no ORM objects: 100k rows load in about a second)."""
+    t = DecisionRecord.__table__  # type: ignore[attr-defined]
+    stmt = select(t)
+    if namespace is not None:
+        stmt = stmt.where(t.c.namespace == namespace)
+    if since is not None:
+        stmt = stmt.where(t.c.created_at >= as_utc(since))
+    if until is not None:
+        stmt = stmt.where(t.c.created_at < as_utc(until))
+    stmt = stmt.order_by(t.c.created_at, t.c.id)
+    out: list[Rec] = []
+    for row in conn.execute(stmt).mappings():
+        out.append(
+            Rec(
+                id=row["id"],
+                job_id=row["job_id"],
+                namespace=row["namespace"],
+                kind=row["kind"],
+                job_name=row["job_name"],
+                created_at=as_utc(row["created_at"]),  # type: ignore[arg-type]
+                request=row["request"] or {},
+                chosen=row["chosen"],
+                alternatives=row["alternatives"] or [],
+                rejected=row["rejected"] or {},
+                considered=row["considered"],
+                feasible=row["feasible"],
+                policy=row["policy"],
+                catalog_version=row["catalog_version"],
+                explanation=row["explanation"],
+                nodes=row["nodes"],
+                deadline=as_utc(row["deadline"]),
+                predicted_finish_at=as_utc(row["predicted_finish_at"]),
+                runtime_hours=row["runtime_hours"],
+                actual_cost_usd=row["actual_cost_usd"],
+                finished_at=as_utc(row["finished_at"]),
+                deadline_met=row["deadline_met"],
+            )
+        )
+    return out
+
+
+def catalog_store(data_dir: str | Path | None) -> Any:
+    """``pricing.CatalogStore(data_dir)`` when ``data_dir`` is given and pricing is importable, else ``None``."""
+    if data_dir is None:
+        return None
+    try:
+        from pricing import CatalogStore  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return CatalogStore(data_dir)
+
+
+def _engine(database_url: str) -> Engine:
+    if database_url.startswith("sqlite"):
+        path = database_url.split(":///", 1)[1] if ":///" in database_url else ""
+        if path and path != ":memory:" and not Path(path).exists():
+            raise NotFoundError(
+                f"no broker store at {path}. To fix: pass --data-dir (or BROKER_DATABASE_URL) of a broker "
+                "that has placed jobs, or BROKER_URL to ask a running broker"
+            )
+        return create_engine(database_url, connect_args={"check_same_thread": False})
+    return create_engine(database_url, pool_pre_ping=True)
+
+
+def report_from_store(
+    database_url: str,
+    *,
+    namespace: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    data_dir: str | Path | None = None,
+    now: datetime | None = None,
+) -> Report:
+    """Build the report of the records in the store at ``database_url``. ``data_dir`` locates the
+    recorded catalog versions for the what-if section. Raises ``NotFoundError`` when the store or
+    its ``decision_records`` table does not exist."""
+    engine = _engine(database_url)
+    try:
+        with engine.connect() as conn:
+            recs = load_records(conn, namespace, since, until)
+    except (OperationalError, ProgrammingError) as exc:
+        raise NotFoundError(
+            f"the store at {engine.url.render_as_string(hide_password=True)} has no decision records table "
+            f"({type(exc.orig).__name__}). To fix: start the broker once (it migrates the store) or run "
+            "`alembic upgrade head`"
+        ) from None
+    finally:
+        engine.dispose()
+    return build_report(
+        recs,
+        whatif_catalogs=catalog_store(data_dir),
+        filters=ReportFilters(namespace, since, until),
+        generated_at=now or datetime.now(UTC),
+    )
+
+
+def write_report(
+    path: str | Path,
+    fmt: str,
+    *,
+    database_url: str,
+    namespace: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    data_dir: str | Path | None = None,
+) -> Path:
+    """Write the placement report of the store at ``database_url`` to ``path`` as ``fmt``
+    (``html``, ``csv`` or ``json``) and return the path. Parent directories are created."""
+    from broker.reports import render
+
+    if fmt not in FORMATS:
+        raise SpecError("format", f"{fmt!r} is not a report format. To fix: use one of {', '.join(FORMATS)}")
+    report = report_from_store(database_url, namespace=namespace, since=since, until=until, data_dir=data_dir)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(report, fmt), encoding="utf-8")
+    return out

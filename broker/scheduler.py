@@ -1,0 +1,775 @@
+"""The scheduler loop: takes pending jobs in queue order, admits, places, provisions, polls and requeues.
+
+One cycle (:meth:`Scheduler.run_cycle`) reads as numbered steps, each timed (``hb_scheduler_cycle_seconds``)
+and logged at DEBUG:
+
+1. **heads**: PENDING jobs whose ``not_before`` has passed, ordered by :func:`queue_key`
+   (``policies.queueing.queue_key`` when it exists: priority, deadline, age, id).
+2. **snapshot**: on-prem free capacity per host, extra offers (edge devices), active usage per namespace.
+3. **admit**: every check of :attr:`Scheduler.admission_checks` (``(job, snapshot) -> None | reason``);
+   a held job stays PENDING with ``held_reason`` set and one note event per new reason.
+4. **place**: on-prem first while its host has room (and the deadline allows), else the cheapest cloud
+   option; PENDING -> PLACED -> PROVISIONING with a decision record, in one transaction per batch.
+   Nothing feasible anywhere -> FAILED.
+5. **provision**: :func:`providers.failover.provision` over the chosen option and its alternatives;
+   PROVISIONING -> RUNNING, or BACKOFF (retryable, within ``backoffLimit``) / FAILED.
+6. **poll**: running instances' states -> SUCCEEDED / FAILED / BACKOFF (retry) and terminate leftovers.
+7. **requeue**: BACKOFF jobs whose delay has passed -> PENDING.
+
+The store is the truth: a restarted scheduler rebuilds everything from it, and :meth:`Scheduler.reconcile`
+(run once at start) adopts or terminates instances by their ``hb-job``/``hb-request`` tags, so nothing
+leaks. Rows are claimed with ``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL, and only the holder of
+the advisory lock :data:`LEADER_LOCK_ID` runs cycles, so several broker processes can share one database.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from broker.errors import ProviderError, SpecError
+from broker.lifecycle import Transition, apply_transitions, note
+from broker.model import (
+    Attempt,
+    Instance,
+    InstanceState,
+    JobSpec,
+    JobState,
+    Offer,
+    PlacementOption,
+    PlacementResult,
+    Request,
+    RetryPolicy,
+)
+from broker.store import AttemptRow, JobRow, utc
+
+__all__ = [
+    "Scheduler",
+    "QueuedJob",
+    "Snapshot",
+    "CycleReport",
+    "AdmissionCheck",
+    "queue_key",
+    "LEADER_LOCK_ID",
+    "TAG_JOB",
+    "TAG_REQUEST",
+    "TAG_NAMESPACE",
+    "job_backoff_seconds",
+]
+
+log = logging.getLogger("broker.scheduler")
+
+LEADER_LOCK_ID = 0x6862_5343  # "hbSC": the advisory lock of the scheduler leader on PostgreSQL
+TAG_JOB = "hb-job"
+TAG_REQUEST = "hb-request"
+TAG_NAMESPACE = "hb-namespace"
+LOST_INSTANCE_GRACE_SECONDS = 60.0
+ACTIVE_STATES = (JobState.PLACED.value, JobState.PROVISIONING.value, JobState.RUNNING.value)
+# In-cycle retries of transient provider errors; job-level retries go through BACKOFF (spec.retry).
+PROVISION_RETRY = RetryPolicy(backoff_limit=2, retry_delay_seconds=0.2, max_retry_delay_seconds=1.0)
+
+_jobs = JobRow.__table__  # type: ignore[attr-defined]
+_attempts = AttemptRow.__table__  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    """A pending job as the queue ordering and admission checks see it."""
+
+    id: str
+    namespace: str
+    name: str
+    priority: int
+    created_at: datetime
+    spec: JobSpec
+    retries: int
+    held_reason: str | None
+
+    @property
+    def request(self) -> Request:
+        return self.spec.request
+
+    @property
+    def deadline(self) -> datetime | None:
+        return self.spec.request.deadline
+
+
+@dataclass
+class Snapshot:
+    """Capacity at the start of a cycle. ``onprem_free`` maps host -> free ``vcpus``/``memory_gib``/``gpus``;
+    ``usage`` maps namespace -> summed ``vcpus``/``memory_gib``/``gpus``/``jobs`` of its active jobs.
+    :meth:`reserve` books on-prem room for jobs placed earlier in the same cycle."""
+
+    now: datetime
+    onprem_free: dict[str, dict[str, float]] = field(default_factory=dict)
+    extra_offers: list[Offer] = field(default_factory=list)
+    usage: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def fits(self, host: str, vcpus: float, memory_gib: float, gpus: int) -> bool:
+        free = self.onprem_free.get(host)
+        if free is None:
+            return True  # unknown host: let the pool decide at launch
+        return (
+            free["vcpus"] + 1e-9 >= vcpus and free["memory_gib"] + 1e-6 >= memory_gib and free["gpus"] >= gpus
+        )
+
+    def reserve(self, host: str, vcpus: float, memory_gib: float, gpus: int) -> None:
+        free = self.onprem_free.get(host)
+        if free is not None:
+            free["vcpus"] -= vcpus
+            free["memory_gib"] -= memory_gib
+            free["gpus"] -= gpus
+
+    def add_usage(self, namespace: str, job: QueuedJob) -> None:
+        u = self.usage.setdefault(namespace, {"vcpus": 0.0, "memory_gib": 0.0, "gpus": 0.0, "jobs": 0.0})
+        nodes = max(1, job.request.nodes)
+        u["vcpus"] += job.request.vcpus * nodes
+        u["memory_gib"] += job.request.memory_gib * nodes
+        u["gpus"] += job.request.gpus * nodes
+        u["jobs"] += 1
+
+
+AdmissionCheck = Callable[[QueuedJob, Snapshot], "str | None"]
+
+
+@dataclass
+class CycleReport:
+    """What one cycle did (counts) and how long each step took (seconds)."""
+
+    heads: int = 0
+    held: int = 0
+    placed: int = 0
+    failed: int = 0
+    provisioned: int = 0
+    backoff: int = 0
+    finished: int = 0
+    requeued: int = 0
+    step_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.placed or self.failed or self.finished or self.requeued)
+
+
+def _default_queue_key(job: QueuedJob) -> tuple[int, float, float, str]:
+    """1. higher priority  2. earlier deadline  3. older  4. id."""
+    deadline = job.deadline.timestamp() if job.deadline else float("inf")
+    return (-job.priority, deadline, job.created_at.timestamp(), job.id)
+
+
+_policy_queue_key: Callable[[Any], Any] | None
+try:  # the policies area owns the ordering; ours is the same default until it exists
+    from policies.queueing import queue_key as _policy_queue_key
+except ImportError:  # pragma: no cover - depends on what is installed
+    _policy_queue_key = None
+
+
+def queue_key(job: QueuedJob) -> Any:
+    """The queue order: ``policies.queueing.queue_key`` when available, else priority/deadline/age/id."""
+    if _policy_queue_key is not None:
+        return _policy_queue_key(job)
+    return _default_queue_key(job)
+
+
+def job_backoff_seconds(retry: RetryPolicy, retries: int) -> float:
+    """Delay before retry number ``retries`` (0-based): ``min(max, base * 2**retries)`` (deterministic)."""
+    return min(retry.max_retry_delay_seconds, retry.retry_delay_seconds * (2.0 ** min(retries, 60)))
+
+
+def _instances_json(instances: Iterable[Instance]) -> str:
+    return json.dumps(
+        [{"id": i.id, "provider": i.provider, "region": i.region, "instance_type": i.instance_type,
+          "dry_run": i.dry_run} for i in instances]
+    )
+
+
+def _instance_ids(text: str | None) -> list[str]:
+    if not text:
+        return []
+    return [i["id"] if isinstance(i, dict) else str(i) for i in json.loads(text)]
+
+
+def _option_json(option: PlacementOption) -> str:
+    d = option.to_dict()
+    d["site"] = option.site
+    d["finish_hours"] = option.finish_hours
+    return json.dumps(d)
+
+
+class Scheduler:
+    """The scheduling loop of one broker app (``state`` is its :class:`broker.app.AppState`).
+
+    ``admission_checks`` is the admission hook (the policies area appends quota/budget checks).
+    ``clock`` defaults to the app's clock; ``batch`` is the most jobs one cycle takes per step.
+    """
+
+    def __init__(
+        self,
+        state: Any,
+        *,
+        clock: Any = None,
+        admission_checks: Sequence[AdmissionCheck] = (),
+        batch: int | None = None,
+    ) -> None:
+        self.state = state
+        self.store = state.store
+        self.clock = clock or state.clock
+        self.admission_checks: list[AdmissionCheck] = list(admission_checks)
+        self.batch = batch or state.settings.scheduler_batch
+        self.metrics = state.metrics
+        self._spec_cache: dict[str, JobSpec] = {}
+        self._leader_conn: sa.Connection | None = None
+        self._reconciled = False
+        self._lock = threading.Lock()
+        from providers.failover import Blocklist
+
+        self.blocklist = Blocklist(self.clock)
+
+    # ------------------------------------------------------------------------------ loop and leadership
+
+    def run_forever(self, stop: threading.Event) -> None:
+        """Run cycles every ``scheduler_interval_seconds`` until ``stop`` is set (immediately again while
+        there is more work). Errors of one cycle are logged and do not stop the loop."""
+        interval = self.state.settings.scheduler_interval_seconds
+        while not stop.is_set():
+            busy = False
+            try:
+                if self.is_leader():
+                    if not self._reconciled:
+                        self.reconcile()
+                    report = self.run_cycle()
+                    busy = report.busy
+            except Exception:  # noqa: BLE001 - the loop must survive; the store keeps the truth
+                log.exception("scheduler cycle failed; retrying next interval")
+            if not busy:
+                stop.wait(interval)
+        self.release_leadership()
+
+    def is_leader(self) -> bool:
+        """True when this process may schedule: always on SQLite; the advisory lock holder on PostgreSQL."""
+        if not self.store.is_postgres:
+            return True
+        if self._leader_conn is not None:
+            return True
+        conn = self.store.engine.connect()
+        got = conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": LEADER_LOCK_ID}).scalar()
+        conn.commit()
+        if got:
+            self._leader_conn = conn
+            log.info("this broker is the scheduler leader")
+            return True
+        conn.close()
+        return False
+
+    def release_leadership(self) -> None:
+        if self._leader_conn is not None:
+            try:
+                self._leader_conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": LEADER_LOCK_ID})
+                self._leader_conn.commit()
+            finally:
+                self._leader_conn.close()
+                self._leader_conn = None
+
+    # ------------------------------------------------------------------------------ helpers
+
+    def _spec(self, job_id: str, spec_json: str, created_at: datetime) -> JobSpec:
+        spec = self._spec_cache.get(job_id)
+        if spec is None:
+            from broker.spec import parse_job_spec
+
+            spec = parse_job_spec(json.loads(spec_json), now=created_at)
+            if len(self._spec_cache) > 50_000:
+                self._spec_cache.clear()
+            self._spec_cache[job_id] = spec
+        return spec
+
+    def _lock_rows(self, session: Any, ids: Sequence[str], state: JobState) -> set[str]:
+        """Ids among ``ids`` still in ``state``, row-locked on PostgreSQL (``FOR UPDATE SKIP LOCKED``)."""
+        if not ids:
+            return set()
+        out: set[str] = set()
+        for start in range(0, len(ids), 900):
+            stmt = sa.select(_jobs.c.id).where(_jobs.c.id.in_(ids[start : start + 900]), _jobs.c.state == state.value)
+            if self.store.is_postgres:
+                stmt = stmt.with_for_update(skip_locked=True)
+            out.update(session.execute(stmt).scalars())
+        return out
+
+    def _count(self, transitions: Iterable[Transition]) -> None:
+        for t in transitions:
+            self.metrics.transitions.labels(t.to_state.value).inc()
+
+    def _timed(self, report: CycleReport, step: str, started: float) -> None:
+        took = time.perf_counter() - started
+        report.step_seconds[step] = took
+        self.metrics.cycle_seconds.labels(step).observe(took)
+
+    # ------------------------------------------------------------------------------ the cycle
+
+    def run_cycle(self) -> CycleReport:
+        """One scheduling cycle (see the module docstring). Returns what it did."""
+        with self._lock:
+            report = CycleReport()
+            now = self.clock.now()
+
+            t0 = time.perf_counter()
+            heads, failed_parse = self._heads(now)
+            self._timed(report, "1-heads", t0)
+            report.heads = len(heads)
+
+            t0 = time.perf_counter()
+            snapshot = self._snapshot(now) if heads else Snapshot(now)
+            self._timed(report, "2-snapshot", t0)
+
+            t0 = time.perf_counter()
+            admitted, holds = self._admit(heads, snapshot)
+            report.held = len(holds)
+            self._timed(report, "3-admit", t0)
+
+            t0 = time.perf_counter()
+            to_provision, failed = self._place(admitted, holds, snapshot, failed_parse, now)
+            report.placed = len(to_provision)
+            report.failed = failed
+            self._timed(report, "4-place", t0)
+
+            t0 = time.perf_counter()
+            ok, backoff = self._provision(to_provision)
+            report.provisioned, report.backoff = ok, backoff
+            self._timed(report, "5-provision", t0)
+
+            t0 = time.perf_counter()
+            report.finished = self._poll(self.clock.now())
+            self._timed(report, "6-poll", t0)
+
+            t0 = time.perf_counter()
+            report.requeued = self._requeue(self.clock.now())
+            self._timed(report, "7-requeue", t0)
+            if report.busy or report.held:
+                log.debug("cycle %s", report)
+            return report
+
+    # 1 ---------------------------------------------------------------------------------------------
+    def _heads(self, now: datetime) -> tuple[list[QueuedJob], list[tuple[str, str]]]:
+        stmt = (
+            sa.select(_jobs.c.id, _jobs.c.namespace, _jobs.c.name, _jobs.c.priority, _jobs.c.created_at,
+                      _jobs.c.spec_json, _jobs.c.retries, _jobs.c.held_reason)
+            .where(_jobs.c.state == JobState.PENDING.value,
+                   sa.or_(_jobs.c.not_before.is_(None), _jobs.c.not_before <= now))
+            .order_by(_jobs.c.priority.desc(), _jobs.c.id)
+            .limit(self.batch)
+        )
+        with self.store.read() as session:
+            rows = list(session.execute(stmt))
+        heads: list[QueuedJob] = []
+        bad: list[tuple[str, str]] = []
+        for r in rows:
+            try:
+                spec = self._spec(r.id, r.spec_json, utc(r.created_at))
+            except SpecError as exc:
+                bad.append((r.id, f"stored spec no longer valid: {exc}"))
+                continue
+            heads.append(QueuedJob(r.id, r.namespace, r.name, r.priority, utc(r.created_at), spec, r.retries,
+                                   r.held_reason))
+        heads.sort(key=queue_key)
+        return heads, bad
+
+    # 2 ---------------------------------------------------------------------------------------------
+    def _snapshot(self, now: datetime) -> Snapshot:
+        pool = self.state.providers.get("onprem")
+        free: dict[str, dict[str, float]] = {}
+        if pool is not None and hasattr(pool, "free"):
+            free = {k: dict(v) for k, v in pool.free().items()}
+        usage: dict[str, dict[str, float]] = {}
+        with self.store.read() as session:
+            for ns, vcpus, mem, gpus, n in session.execute(
+                sa.select(_jobs.c.namespace, sa.func.sum(_jobs.c.vcpus), sa.func.sum(_jobs.c.memory_gib),
+                          sa.func.sum(_jobs.c.gpus), sa.func.count())
+                .where(_jobs.c.state.in_(ACTIVE_STATES))
+                .group_by(_jobs.c.namespace)
+            ):
+                usage[ns] = {"vcpus": float(vcpus or 0), "memory_gib": float(mem or 0),
+                             "gpus": float(gpus or 0), "jobs": float(n)}
+        return Snapshot(now=now, onprem_free=free, extra_offers=self.state.extra_offers(), usage=usage)
+
+    # 3 ---------------------------------------------------------------------------------------------
+    def _admit(self, heads: list[QueuedJob], snapshot: Snapshot) -> tuple[list[QueuedJob], dict[str, str]]:
+        admitted: list[QueuedJob] = []
+        holds: dict[str, str] = {}
+        for job in heads:
+            reason = None
+            for check in self.admission_checks:
+                reason = check(job, snapshot)
+                if reason:
+                    break
+            if reason:
+                holds[job.id] = reason
+            else:
+                admitted.append(job)
+        return admitted, holds
+
+    # 4 ---------------------------------------------------------------------------------------------
+    def _choose(self, job: QueuedJob, snapshot: Snapshot, cache: dict[Request, PlacementResult]
+                ) -> tuple[PlacementResult, list[PlacementOption] | None, str]:
+        """The placement result and the ordered options to provision (None = hold), plus a note."""
+        enabled = set(self.state.providers)
+        request = job.request
+        allowed = tuple(p for p in (request.providers or tuple(enabled)) if p in enabled)
+        restricted = dataclasses.replace(request, providers=tuple(sorted(allowed)))
+        result = cache.get(restricted)
+        if result is None:
+            t0 = time.perf_counter()
+            result = self.state.place(restricted, now=snapshot.now, extra_offers=snapshot.extra_offers, top=8)
+            self.metrics.placement_latency.observe(time.perf_counter() - t0)
+            cache[restricted] = result
+        ranked: list[PlacementOption] = []
+        seen: set[tuple[str, str, str, str]] = set()
+        for opt in ([result.placement] if result.placement else []) + list(result.alternatives):
+            key = (opt.provider, opt.region, opt.instance_type, opt.capacity)
+            if opt.provider in enabled and key not in seen:
+                seen.add(key)
+                ranked.append(opt)
+        if not ranked:
+            return result, [], ""
+        nodes = max(1, request.nodes)
+        hours_left = (
+            (utc(request.deadline) - snapshot.now).total_seconds() / 3600.0 if request.deadline else None
+        )
+        onprem = [o for o in ranked if o.provider == "onprem"]
+        cloud = [o for o in ranked if o.provider != "onprem"]
+        for opt in onprem:
+            finish = opt.finish_hours or (opt.transfer_hours + request.duration_hours)
+            if hours_left is not None and finish > hours_left:
+                continue
+            if snapshot.fits(opt.instance_type, request.vcpus * nodes, request.memory_gib * nodes,
+                             request.gpus * nodes):
+                snapshot.reserve(opt.instance_type, request.vcpus * nodes, request.memory_gib * nodes,
+                                 request.gpus * nodes)
+                return result, [opt] + cloud, "on-prem has room"
+        if cloud:
+            why = "on-prem full: burst to cloud" if onprem else "cheapest cloud placement"
+            return result, cloud, why
+        return result, None, "waiting for on-prem capacity"
+
+    def _place(
+        self,
+        admitted: list[QueuedJob],
+        holds: dict[str, str],
+        snapshot: Snapshot,
+        failed_parse: list[tuple[str, str]],
+        now: datetime,
+    ) -> tuple[list[tuple[QueuedJob, list[PlacementOption]]], int]:
+        cache: dict[Request, PlacementResult] = {}
+        decided: list[tuple[QueuedJob, PlacementResult, list[PlacementOption], str]] = []
+        fails: list[tuple[str, str]] = list(failed_parse)
+        for job in admitted:
+            try:
+                result, options, why = self._choose(job, snapshot, cache)
+            except Exception as exc:  # noqa: BLE001 - one bad job must not stop the queue
+                log.exception("placement of %s failed", job.id)
+                fails.append((job.id, f"placement failed: {exc}"))
+                continue
+            if options is None:
+                holds[job.id] = why
+            elif not options:
+                detail = result.explanation or ", ".join(f"{k}: {v}" for k, v in result.rejected.items())
+                fails.append((job.id, f"no feasible placement on the enabled providers ({detail or 'no offers'})"))
+            else:
+                decided.append((job, result, options, why))
+        by_id = {j.id: j for j in admitted}
+        placed: list[tuple[QueuedJob, list[PlacementOption]]] = []
+        try:
+            from broker import decisions
+        except ImportError:  # pragma: no cover - the reports area is optional
+            decisions = None  # type: ignore[assignment]
+        with self.store.tx() as session:
+            ids = [j.id for j, *_ in decided] + [i for i, _ in fails] + list(holds)
+            live = self._lock_rows(session, ids, JobState.PENDING)
+            transitions: list[Transition] = []
+            for job, result, options, why in decided:
+                if job.id not in live:
+                    continue
+                chosen = options[0]
+                request_id = f"{job.id}-r{job.retries}"
+                transitions.append(Transition(
+                    job.id, JobState.PENDING, JobState.PLACED, reason=why,
+                    data={"provider": chosen.provider, "region": chosen.region,
+                          "instance_type": chosen.instance_type, "total_usd": chosen.total_usd},
+                    fields={"placement_json": _option_json(chosen), "provider": chosen.provider,
+                            "region": chosen.region, "held_reason": None},
+                ))
+                transitions.append(Transition(
+                    job.id, JobState.PLACED, JobState.PROVISIONING, reason="provisioning",
+                    fields={"request_id": request_id},
+                ))
+                if decisions is not None:
+                    decisions.record_decision(
+                        session, job_id=job.id, namespace=job.namespace, request=job.request,
+                        result=dataclasses.replace(result, placement=chosen), policy="cost",
+                        catalog_version=self.state.catalog_version, now=now, kind="placement",
+                    )
+                self.metrics.queue_wait.observe(max(0.0, (now - job.created_at).total_seconds()))
+                placed.append((job, options))
+            for job_id, reason in fails:
+                if job_id in live:
+                    transitions.append(Transition(job_id, JobState.PENDING, JobState.FAILED, reason=reason,
+                                                  fields={"message": reason, "finished_at": now}))
+            apply_transitions(session, transitions, now=now)
+            for job_id, reason in holds.items():
+                held = by_id.get(job_id)
+                if job_id in live and held is not None and held.held_reason != reason:
+                    session.connection().execute(
+                        _jobs.update().where(_jobs.c.id == job_id).values(held_reason=reason, updated_at=now)
+                    )
+                    note(session, job_id, JobState.PENDING, f"held: {reason}", now=now)
+        self._count(transitions)
+        return placed, len([t for t in transitions if t.to_state is JobState.FAILED])
+
+    # 5 ---------------------------------------------------------------------------------------------
+    def _provision(self, placed: list[tuple[QueuedJob, list[PlacementOption]]]) -> tuple[int, int]:
+        if not placed:
+            return 0, 0
+        from providers.failover import provision
+
+        outcomes = []
+        for job, options in placed:
+            request_id = f"{job.id}-r{job.retries}"
+            outcome = provision(
+                options, self.state.get_provider, request_id=request_id,
+                tags={TAG_JOB: job.id, TAG_NAMESPACE: job.namespace}, job=job.spec, retry=PROVISION_RETRY,
+                clock=self.clock, blocklist=self.blocklist, count=max(1, job.request.nodes),
+            )
+            for a in outcome.attempts:
+                if a.outcome not in ("launched", "skipped"):
+                    self.metrics.provider_errors.labels(a.provider, a.outcome).inc()
+            outcomes.append((job, request_id, outcome))
+        now = self.clock.now()
+        ok = backoff = 0
+        orphans: list[tuple[str, list[str], str]] = []
+        transitions: list[Transition] = []
+        with self.store.tx() as session:
+            live = self._lock_rows(session, [j.id for j, *_ in outcomes], JobState.PROVISIONING)
+            attempt_rows: list[dict[str, Any]] = []
+            for job, request_id, outcome in outcomes:
+                attempt_rows.extend(self._attempt_row(job.id, request_id, a, now) for a in outcome.attempts)
+                if job.id not in live:  # cancelled meanwhile: give back what was launched
+                    if outcome.ok and outcome.option is not None:
+                        orphans.append((outcome.option.provider, [i.id for i in outcome.instances], request_id))
+                    continue
+                if outcome.ok and outcome.option is not None:
+                    ok += 1
+                    opt = outcome.option
+                    transitions.append(Transition(
+                        job.id, JobState.PROVISIONING, JobState.RUNNING,
+                        reason=f"launched on {opt.provider}:{opt.region} ({opt.instance_type})"
+                        + (" [dry-run]" if any(i.dry_run for i in outcome.instances) else ""),
+                        data={"instances": [i.id for i in outcome.instances]},
+                        fields={"instances_json": _instances_json(outcome.instances),
+                                "provider": opt.provider, "region": opt.region,
+                                "placement_json": _option_json(opt),
+                                "dry_run": any(i.dry_run for i in outcome.instances), "started_at": now},
+                    ))
+                else:
+                    err = outcome.error
+                    transitions.append(self._failure(job.id, job.spec.retry, job.retries, JobState.PROVISIONING,
+                                                     f"provisioning failed: {err}",
+                                                     retryable=bool(err is not None and err.retryable), now=now))
+                    backoff += transitions[-1].to_state is JobState.BACKOFF
+            if attempt_rows:
+                session.connection().execute(_attempts.insert(), attempt_rows)
+            apply_transitions(session, transitions, now=now)
+        self._count(transitions)
+        for provider, ids, request_id in orphans:
+            self.state.terminate_instances(provider, ids, f"{request_id}:cancelled")
+        return ok, backoff
+
+    @staticmethod
+    def _attempt_row(job_id: str, request_id: str, a: Attempt, now: datetime) -> dict[str, Any]:
+        return {"job_id": job_id, "at": a.at or now, "request_id": request_id, "provider": a.provider,
+                "region": a.region, "instance_type": a.instance_type, "capacity": a.capacity,
+                "outcome": a.outcome, "message": a.message[:2000], "delay_seconds": a.delay_seconds,
+                "retryable": a.retryable}
+
+    @staticmethod
+    def _failure(job_id: str, retry: RetryPolicy, retries: int, src: JobState, reason: str, *,
+                 retryable: bool, now: datetime, exit_code: int | None = None) -> Transition:
+        """BACKOFF with the next delay while retries remain and the failure is retryable, else FAILED."""
+        if retryable and retries < retry.backoff_limit:
+            delay = job_backoff_seconds(retry, retries)
+            return Transition(
+                job_id, src, JobState.BACKOFF, reason=f"{reason}; retry {retries + 1}/{retry.backoff_limit} "
+                f"in {delay:g}s", fields={"retries": retries + 1, "not_before": now + timedelta(seconds=delay),
+                                          "message": reason, "exit_code": exit_code, "instances_json": None},
+            )
+        return Transition(job_id, src, JobState.FAILED, reason=reason,
+                          fields={"message": reason, "finished_at": now, "exit_code": exit_code})
+
+    # 6 ---------------------------------------------------------------------------------------------
+    def _poll(self, now: datetime) -> int:
+        with self.store.read() as session:
+            running = list(session.execute(
+                sa.select(_jobs.c.id, _jobs.c.provider, _jobs.c.instances_json, _jobs.c.retries,
+                          _jobs.c.spec_json, _jobs.c.created_at, _jobs.c.started_at)
+                .where(_jobs.c.state == JobState.RUNNING.value)
+            ))
+        if not running:
+            return 0
+        by_provider: dict[str, dict[str, Instance]] = {}
+        for name in {r.provider for r in running if r.provider}:
+            try:
+                provider = self.state.get_provider(name)
+                by_provider[name] = {i.id: i for i in provider.instances(None)}
+                for err in provider.poll_errors():
+                    self.metrics.provider_errors.labels(name, err.kind).inc()
+            except ProviderError as exc:
+                self.metrics.provider_errors.labels(name, exc.kind).inc()
+                log.warning("polling %s failed: %s", name, exc)
+        transitions: list[Transition] = []
+        to_terminate: list[tuple[str, list[str], str]] = []
+        outcomes: list[tuple[str, float]] = []
+        for r in running:
+            known = by_provider.get(r.provider or "")
+            if known is None:
+                continue
+            ids = _instance_ids(r.instances_json)
+            insts = [known.get(i) for i in ids]
+            states = {i.state for i in insts if i is not None}
+            missing = sum(1 for i in insts if i is None)
+            started = utc(r.started_at) if r.started_at else now
+            try:
+                retry = self._spec(r.id, r.spec_json, utc(r.created_at)).retry
+            except SpecError:
+                retry = RetryPolicy(backoff_limit=0)
+            t: Transition | None = None
+            if ids and not missing and states == {InstanceState.SUCCEEDED}:
+                t = Transition(r.id, JobState.RUNNING, JobState.SUCCEEDED, reason="all instances succeeded",
+                               fields={"finished_at": now, "exit_code": 0})
+            elif InstanceState.FAILED in states:
+                code = next((i.exit_code for i in insts if i is not None and i.state is InstanceState.FAILED), None)
+                t = self._failure(r.id, retry, r.retries, JobState.RUNNING, f"run failed (exit code {code})",
+                                  retryable=True, now=now, exit_code=code)
+            elif InstanceState.TERMINATED in states:
+                t = self._failure(r.id, retry, r.retries, JobState.RUNNING,
+                                  "instance terminated by the provider (reclaimed?)", retryable=True, now=now)
+            elif missing and (now - started).total_seconds() > LOST_INSTANCE_GRACE_SECONDS:
+                t = self._failure(r.id, retry, r.retries, JobState.RUNNING,
+                                  f"{missing} instance(s) no longer known to {r.provider}", retryable=True, now=now)
+            if t is not None:
+                transitions.append(t)
+                live_ids = [i.id for i in insts if i is not None and i.state not in (InstanceState.TERMINATED,)]
+                if live_ids:
+                    to_terminate.append((r.provider, live_ids, f"{r.id}:done"))
+                if t.to_state is JobState.SUCCEEDED or t.to_state is JobState.FAILED:
+                    outcomes.append((r.id, max(0.0, (now - started).total_seconds() / 3600.0)))
+        if not transitions:
+            return 0
+        with self.store.tx() as session:
+            live = self._lock_rows(session, [t.job_id for t in transitions], JobState.RUNNING)
+            transitions = [t for t in transitions if t.job_id in live]
+            apply_transitions(session, transitions, now=now)
+            try:
+                from broker.decisions import record_outcome
+
+                for job_id, hours in outcomes:
+                    if job_id in live:
+                        record_outcome(session, job_id, hours, now)
+            except ImportError:  # pragma: no cover
+                pass
+        self._count(transitions)
+        for provider, ids, request_id in to_terminate:
+            self.state.terminate_instances(provider, ids, request_id)
+        return len(transitions)
+
+    # 7 ---------------------------------------------------------------------------------------------
+    def _requeue(self, now: datetime) -> int:
+        with self.store.read() as session:
+            ids = list(session.execute(
+                sa.select(_jobs.c.id).where(_jobs.c.state == JobState.BACKOFF.value,
+                                            sa.or_(_jobs.c.not_before.is_(None), _jobs.c.not_before <= now))
+                .limit(self.batch)
+            ).scalars())
+        if not ids:
+            return 0
+        with self.store.tx() as session:
+            live = self._lock_rows(session, ids, JobState.BACKOFF)
+            transitions = [Transition(i, JobState.BACKOFF, JobState.PENDING, reason="backoff over: requeued")
+                           for i in ids if i in live]
+            apply_transitions(session, transitions, now=now)
+        self._count(transitions)
+        return len(transitions)
+
+    # ------------------------------------------------------------------------------ reconciliation
+
+    def reconcile(self) -> dict[str, int]:
+        """Adopt or terminate provider instances by tag, once at start (see the module docstring).
+
+        Returns counts: ``adopted`` (PROVISIONING jobs whose launch did happen), ``requeued`` (active jobs
+        whose instances are gone), ``terminated`` (instances of no active job).
+        """
+        now = self.clock.now()
+        counts = {"adopted": 0, "requeued": 0, "terminated": 0}
+        found: dict[str, list[Instance]] = {}
+        listing_ok: set[str] = set()
+        for name, provider in self.state.providers.items():
+            try:
+                for inst in provider.instances(None):
+                    if TAG_JOB in inst.tags:
+                        found.setdefault(inst.tags[TAG_JOB], []).append(inst)
+                listing_ok.add(name)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("reconcile: cannot list instances of %s: %s", name, exc)
+        with self.store.read() as session:
+            active = {r.id: r for r in session.execute(
+                sa.select(_jobs.c.id, _jobs.c.state, _jobs.c.provider, _jobs.c.request_id, _jobs.c.instances_json,
+                          _jobs.c.retries, _jobs.c.spec_json, _jobs.c.created_at)
+                .where(_jobs.c.state.in_(ACTIVE_STATES))
+            )}
+        transitions: list[Transition] = []
+        terminate: dict[str, list[str]] = {}
+        done = (InstanceState.TERMINATED, InstanceState.SUCCEEDED, InstanceState.FAILED)
+        for job_id, insts in found.items():
+            row = active.get(job_id)
+            for inst in insts:
+                mine = row is not None and inst.tags.get(TAG_REQUEST) == row.request_id
+                if not mine and inst.state not in done:
+                    terminate.setdefault(inst.provider, []).append(inst.id)
+        for job_id, row in active.items():
+            insts = [i for i in found.get(job_id, []) if i.tags.get(TAG_REQUEST) == row.request_id]
+            state = JobState(row.state)
+            if state is JobState.PLACED:
+                transitions.append(Transition(job_id, state, JobState.PENDING, reason="re-placed after a restart"))
+            elif insts:
+                if state is JobState.PROVISIONING:
+                    counts["adopted"] += 1
+                    transitions.append(Transition(
+                        job_id, state, JobState.RUNNING, reason="adopted after a restart",
+                        fields={"instances_json": _instances_json(insts), "provider": insts[0].provider,
+                                "region": insts[0].region, "dry_run": any(i.dry_run for i in insts),
+                                "started_at": now},
+                    ))
+            elif row.provider in listing_ok or state is JobState.PROVISIONING:
+                counts["requeued"] += 1
+                transitions.append(Transition(
+                    job_id, state, JobState.BACKOFF, reason="instances lost across a broker restart; requeued",
+                    fields={"not_before": now, "instances_json": None},
+                ))
+        with self.store.tx() as session:
+            apply_transitions(session, transitions, now=now)
+        self._count(transitions)
+        for provider, ids in terminate.items():
+            counts["terminated"] += len(ids)
+            self.state.terminate_instances(provider, ids, "reconcile")
+        self._reconciled = True
+        if any(counts.values()):
+            log.info("reconciled at start: %s", counts)
+        return counts
+
+

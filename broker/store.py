@@ -1,0 +1,299 @@
+"""The durable store: SQLModel tables and the engine factory, the same code on SQLite (WAL) and PostgreSQL.
+
+The store is the truth of the broker: namespaces, API tokens (hashes only), jobs, one event row per job
+state change, provisioning attempts, labels and idempotency keys. Nothing that matters lives only in memory,
+so several broker processes can share one PostgreSQL.
+
+Times are stored as UTC and always read back timezone-aware (:class:`UTCDateTime`).
+
+Design choice: on SQLite every write transaction of this process goes through one lock
+(:meth:`Store.tx`). SQLite has a single writer anyway; serialising in-process avoids the busy-handler's
+sleeps (up to 100 ms each) that concurrent writers would otherwise hit. PostgreSQL runs writers in
+parallel and claims work with ``SELECT ... FOR UPDATE SKIP LOCKED``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlalchemy.pool import StaticPool
+from sqlmodel import Field, Session, SQLModel
+
+__all__ = [
+    "UTCDateTime",
+    "NamespaceRow",
+    "TokenRow",
+    "JobRow",
+    "JobLabelRow",
+    "JobEventRow",
+    "AttemptRow",
+    "IdempotencyRow",
+    "Store",
+    "make_engine",
+    "new_job_id",
+    "utc",
+]
+
+_BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+
+class UTCDateTime(sa.types.TypeDecorator[datetime]):
+    """A timestamp stored as UTC and returned timezone-aware (SQLite keeps no zone; PostgreSQL timestamptz)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def utc(value: datetime) -> datetime:
+    """``value`` as timezone-aware UTC (naive values are taken as UTC)."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _ts(nullable: bool = False, index: bool = False) -> Any:
+    return Field(default=None, sa_column=sa.Column(UTCDateTime(), nullable=nullable, index=index))
+
+
+class NamespaceRow(SQLModel, table=True):
+    """A tenant. Jobs and namespace tokens belong to exactly one namespace."""
+
+    __tablename__ = "namespaces"
+    name: str = Field(sa_column=sa.Column(sa.String(63), primary_key=True))
+    created_at: datetime = _ts()
+
+
+class TokenRow(SQLModel, table=True):
+    """An API token. ``namespace`` None is an admin token. Only the SHA-256 of the secret is stored."""
+
+    __tablename__ = "tokens"
+    id: str = Field(sa_column=sa.Column(sa.String(32), primary_key=True))
+    namespace: str | None = Field(
+        default=None,
+        sa_column=sa.Column(sa.String(63), sa.ForeignKey("namespaces.name", ondelete="CASCADE"), index=True),
+    )
+    token_hash: str = Field(sa_column=sa.Column(sa.String(64), nullable=False, unique=True))
+    description: str = Field(default="", sa_column=sa.Column(sa.String(200), nullable=False, default=""))
+    created_at: datetime = _ts()
+    revoked_at: datetime | None = _ts(nullable=True)
+
+
+class JobRow(SQLModel, table=True):
+    """One job. ``id`` sorts in submission order; ``spec_json`` is :func:`broker.spec.spec_to_dict` as JSON.
+
+    ``not_before`` holds a job in BACKOFF (or PENDING) until that time. ``placement_json`` is the chosen
+    OPTION object of ``broker place --json``; ``instances_json`` the provider's instance ids of the current
+    run. ``vcpus``/``memory_gib``/``gpus`` are per node times ``nodes`` (what on-prem capacity accounting reads).
+    """
+
+    __tablename__ = "jobs"
+    __table_args__ = (sa.Index("ix_jobs_queue", "state", "priority", "id"),)
+    id: str = Field(sa_column=sa.Column(sa.String(40), primary_key=True))
+    namespace: str = Field(
+        sa_column=sa.Column(
+            sa.String(63), sa.ForeignKey("namespaces.name", ondelete="CASCADE"), nullable=False, index=True
+        )
+    )
+    name: str = Field(sa_column=sa.Column(sa.String(253), nullable=False))
+    state: str = Field(sa_column=sa.Column(sa.String(16), nullable=False, index=True))
+    priority: int = Field(default=0, sa_column=sa.Column(sa.Integer, nullable=False, default=0))
+    created_at: datetime = _ts()
+    updated_at: datetime = _ts()
+    not_before: datetime | None = _ts(nullable=True)
+    started_at: datetime | None = _ts(nullable=True)
+    finished_at: datetime | None = _ts(nullable=True)
+    vcpus: float = Field(default=0.0, sa_column=sa.Column(sa.Float, nullable=False, default=0.0))
+    memory_gib: float = Field(default=0.0, sa_column=sa.Column(sa.Float, nullable=False, default=0.0))
+    gpus: int = Field(default=0, sa_column=sa.Column(sa.Integer, nullable=False, default=0))
+    spec_json: str = Field(sa_column=sa.Column(sa.Text, nullable=False))
+    placement_json: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
+    provider: str | None = Field(default=None, sa_column=sa.Column(sa.String(32), index=True))
+    region: str | None = Field(default=None, sa_column=sa.Column(sa.String(64)))
+    dry_run: bool = Field(default=False, sa_column=sa.Column(sa.Boolean, nullable=False, default=False))
+    instances_json: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
+    request_id: str | None = Field(default=None, sa_column=sa.Column(sa.String(64)))
+    retries: int = Field(default=0, sa_column=sa.Column(sa.Integer, nullable=False, default=0))
+    held_reason: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
+    message: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
+    exit_code: int | None = Field(default=None, sa_column=sa.Column(sa.Integer))
+
+
+class JobLabelRow(SQLModel, table=True):
+    """One ``metadata.labels`` entry of a job, so label selectors run in SQL."""
+
+    __tablename__ = "job_labels"
+    __table_args__ = (sa.Index("ix_job_labels_kv", "key", "value"),)
+    job_id: str = Field(
+        sa_column=sa.Column(sa.String(40), sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    )
+    key: str = Field(sa_column=sa.Column(sa.String(317), primary_key=True))
+    value: str = Field(sa_column=sa.Column(sa.String(63), nullable=False))
+
+
+class JobEventRow(SQLModel, table=True):
+    """One state change of a job (``from_state`` None for the submission), written in the same transaction
+    as the change itself. ``from_state == to_state`` records a note without a change (e.g. a hold)."""
+
+    __tablename__ = "job_events"
+    id: int | None = Field(default=None, sa_column=sa.Column(_BigId, primary_key=True, autoincrement=True))
+    job_id: str = Field(
+        sa_column=sa.Column(
+            sa.String(40), sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False, index=True
+        )
+    )
+    at: datetime = _ts()
+    from_state: str | None = Field(default=None, sa_column=sa.Column(sa.String(16)))
+    to_state: str = Field(sa_column=sa.Column(sa.String(16), nullable=False))
+    reason: str = Field(default="", sa_column=sa.Column(sa.Text, nullable=False, default=""))
+    data_json: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
+
+
+class AttemptRow(SQLModel, table=True):
+    """One provisioning attempt of a job (:class:`broker.model.Attempt` as stored)."""
+
+    __tablename__ = "attempts"
+    id: int | None = Field(default=None, sa_column=sa.Column(_BigId, primary_key=True, autoincrement=True))
+    job_id: str = Field(
+        sa_column=sa.Column(
+            sa.String(40), sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False, index=True
+        )
+    )
+    at: datetime = _ts()
+    request_id: str = Field(default="", sa_column=sa.Column(sa.String(64), nullable=False, default=""))
+    provider: str = Field(sa_column=sa.Column(sa.String(32), nullable=False))
+    region: str = Field(sa_column=sa.Column(sa.String(64), nullable=False))
+    instance_type: str = Field(sa_column=sa.Column(sa.String(128), nullable=False))
+    capacity: str = Field(sa_column=sa.Column(sa.String(16), nullable=False))
+    outcome: str = Field(sa_column=sa.Column(sa.String(16), nullable=False))
+    message: str = Field(default="", sa_column=sa.Column(sa.Text, nullable=False, default=""))
+    delay_seconds: float = Field(default=0.0, sa_column=sa.Column(sa.Float, nullable=False, default=0.0))
+    retryable: bool = Field(default=False, sa_column=sa.Column(sa.Boolean, nullable=False, default=False))
+
+
+class IdempotencyRow(SQLModel, table=True):
+    """The first response to a request carrying an ``Idempotency-Key``, replayed for any retry of it."""
+
+    __tablename__ = "idempotency_keys"
+    namespace: str = Field(
+        sa_column=sa.Column(
+            sa.String(63), sa.ForeignKey("namespaces.name", ondelete="CASCADE"), primary_key=True
+        )
+    )
+    key: str = Field(sa_column=sa.Column(sa.String(255), primary_key=True))
+    request_sha256: str = Field(sa_column=sa.Column(sa.String(64), nullable=False))
+    status_code: int = Field(sa_column=sa.Column(sa.Integer, nullable=False))
+    response_json: str = Field(sa_column=sa.Column(sa.Text, nullable=False))
+    created_at: datetime = _ts()
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``: SQLite files get WAL, ``synchronous=NORMAL``, foreign keys and a busy timeout;
+    ``sqlite://`` (memory) shares one connection; PostgreSQL gets ``pool_pre_ping``."""
+    if url.startswith("sqlite"):
+        memory = url in ("sqlite://", "sqlite:///:memory:")
+        engine = sa.create_engine(
+            url,
+            connect_args={"check_same_thread": False},
+            poolclass=StaticPool if memory else None,
+        )
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON", "busy_timeout=10000"):
+                cur.execute(f"PRAGMA {pragma}")
+            cur.close()
+
+        return engine
+    return sa.create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+
+
+_id_lock = threading.Lock()
+_last_id_ns = 0
+
+
+def new_job_id() -> str:
+    """A new job id: ``j`` + 16 hex digits of a strictly increasing nanosecond stamp + 6 random hex digits.
+
+    Ids sort in creation order within a process (FIFO tie-break) and are unique across processes.
+    """
+    import secrets
+
+    global _last_id_ns
+    with _id_lock:
+        now = max(time.time_ns(), _last_id_ns + 1)
+        _last_id_ns = now
+    return f"j{now:016x}{secrets.token_hex(3)}"
+
+
+class Store:
+    """The engine plus the transaction discipline of the broker (see the module's design choice).
+
+    ``tx()`` is a write transaction (committed on exit, rolled back on error); ``read()`` a session for
+    queries. On PostgreSQL :attr:`is_postgres` enables row locks and advisory locks.
+    """
+
+    def __init__(self, url: str, engine: Engine | None = None) -> None:
+        self.url = url
+        self.engine = engine or make_engine(url)
+        self.dialect = self.engine.dialect.name
+        self.is_sqlite = self.dialect == "sqlite"
+        self.is_postgres = self.dialect == "postgresql"
+        self._write_lock = threading.RLock() if self.is_sqlite else None
+
+    @contextmanager
+    def tx(self) -> Iterator[Session]:
+        """A write transaction; on SQLite it runs under the process write lock (one writer at a time)."""
+        if self._write_lock is not None:
+            with self._write_lock, Session(self.engine, expire_on_commit=False) as session:
+                try:
+                    yield session
+                    session.commit()
+                except BaseException:
+                    session.rollback()
+                    raise
+        else:
+            with Session(self.engine, expire_on_commit=False) as session:
+                try:
+                    yield session
+                    session.commit()
+                except BaseException:
+                    session.rollback()
+                    raise
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A session for reads (no commit)."""
+        with Session(self.engine, expire_on_commit=False) as session:
+            yield session
+
+    def ping(self) -> bool:
+        """True when the database answers ``SELECT 1``."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+            return True
+        except sa.exc.SQLAlchemyError:
+            return False
+
+    def dispose(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,512 @@
+"""Batch placement under capacity: place many jobs at once on finite capacity at least total cost.
+
+Input: for each job a few :class:`Candidate` placements (typically the top-K options of
+``policies.placement.place``), each charging its ``cost_usd`` and consuming ``vcpus``/``gpus`` of one
+capacity *pool* (an on-prem host ``onprem:rack-a``, a cloud account's per-region quota ``aws:us-east-1``,
+an edge device); and each pool's :class:`PoolCapacity`. A job may stay unplaced at ``penalty_usd``
+(far above any cost, so the solvers place as many jobs as capacity allows first, then minimise dollars).
+
+* :func:`solve_heuristic` is the scheduler's fast path: jobs in order of *regret* (how much more their
+  second-best option costs) take their cheapest candidate with room; then a local search moves jobs to
+  cheaper candidates, evicting a job to its own next-best option when that saves money, until no move helps.
+* :func:`solve_exact` builds the mixed-integer model (binary x[j,c]; sum_c x[j,c] + u[j] = 1;
+  sum x[j,c] * use[c,r] <= cap[p,r] per pool p and resource r) and solves it with HiGHS (``highspy``),
+  within a time limit, reporting the optimality gap.
+
+Both return a :class:`BatchResult`; :func:`gap` compares two of them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from broker.model import PlacementOption
+
+__all__ = [
+    "Candidate",
+    "BatchJob",
+    "PoolCapacity",
+    "BatchResult",
+    "pool_key",
+    "candidates_from_options",
+    "default_penalty",
+    "solve_heuristic",
+    "solve_exact",
+    "evaluate",
+    "gap",
+]
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One way to run a job: ``cost_usd`` for the whole job, using ``vcpus``/``gpus`` of ``pool``."""
+
+    pool: str
+    cost_usd: float
+    vcpus: float
+    gpus: float = 0.0
+    label: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchJob:
+    """A job and its candidate placements (order does not matter)."""
+
+    id: str
+    candidates: tuple[Candidate, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolCapacity:
+    """Capacity of one pool; ``math.inf`` = unlimited."""
+
+    vcpus: float = math.inf
+    gpus: float = math.inf
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """``assignment[job id]`` is the index of the chosen candidate, or ``None`` (unplaced).
+    ``cost_usd`` sums the placed jobs' costs; ``objective_usd`` adds the penalties of unplaced ones.
+    ``lower_bound_usd`` and ``gap`` (relative, objective vs bound) come from the exact solver;
+    ``status`` is ``heuristic``, ``optimal``, ``time_limit`` or the solver's model status."""
+
+    assignment: Mapping[str, int | None]
+    cost_usd: float
+    objective_usd: float
+    unplaced: tuple[str, ...]
+    method: str
+    seconds: float
+    status: str = "heuristic"
+    lower_bound_usd: float | None = None
+    gap: float | None = None
+    usage: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+
+    @property
+    def placed(self) -> int:
+        return sum(1 for v in self.assignment.values() if v is not None)
+
+
+def pool_key(option: PlacementOption) -> str:
+    """The capacity pool an option draws on: ``provider:region`` (a cloud account's regional quota, an
+    on-prem site, an edge device)."""
+    return f"{option.provider}:{option.region}"
+
+
+def candidates_from_options(options: Sequence[PlacementOption], *, nodes: int = 1) -> tuple[Candidate, ...]:
+    """Candidates from placement options (``vcpus``/``gpus`` are per node; ``total_usd`` is the whole job)."""
+    return tuple(
+        Candidate(pool_key(o), o.total_usd, o.vcpus * nodes, float(o.gpus * nodes),
+                  f"{o.provider}:{o.region}:{o.instance_type}:{o.capacity}")
+        for o in options
+    )
+
+
+def default_penalty(jobs: Sequence[BatchJob]) -> float:
+    """Penalty of leaving one job unplaced: above ``10 x`` the most expensive candidate, at least $1,000."""
+    top = max((c.cost_usd for j in jobs for c in j.candidates), default=0.0)
+    return max(1000.0, 10.0 * top + 1.0)
+
+
+class _Arrays:
+    """Flattened, indexed view of an instance (candidates of job j are ``start[j]:start[j+1]``)."""
+
+    def __init__(self, jobs: Sequence[BatchJob], capacity: Mapping[str, PoolCapacity]) -> None:
+        pools = sorted({c.pool for j in jobs for c in j.candidates} | set(capacity))
+        self.pools = pools
+        self.pool_index = {p: i for i, p in enumerate(pools)}
+        self.cap_cpu = np.array([capacity.get(p, PoolCapacity()).vcpus for p in pools], dtype=float)
+        self.cap_gpu = np.array([capacity.get(p, PoolCapacity()).gpus for p in pools], dtype=float)
+        counts = [len(j.candidates) for j in jobs]
+        self.start = np.zeros(len(jobs) + 1, dtype=np.int64)
+        self.start[1:] = np.cumsum(counts)
+        flat = [c for j in jobs for c in j.candidates]
+        self.pool = np.array([self.pool_index[c.pool] for c in flat], dtype=np.int64)
+        self.cost = np.array([c.cost_usd for c in flat], dtype=float)
+        self.cpu = np.array([c.vcpus for c in flat], dtype=float)
+        self.gpu = np.array([c.gpus for c in flat], dtype=float)
+
+
+def _finish(
+    jobs: Sequence[BatchJob], arr: _Arrays, choice: list[int], penalty: float, method: str, t0: float, **kw: object
+) -> BatchResult:
+    assignment: dict[str, int | None] = {}
+    cost = 0.0
+    unplaced = []
+    use_cpu = np.zeros(len(arr.pools))
+    use_gpu = np.zeros(len(arr.pools))
+    for j, job in enumerate(jobs):
+        c = choice[j]
+        if c < 0:
+            assignment[job.id] = None
+            unplaced.append(job.id)
+        else:
+            assignment[job.id] = c - int(arr.start[j])
+            cost += float(arr.cost[c])
+            use_cpu[arr.pool[c]] += arr.cpu[c]
+            use_gpu[arr.pool[c]] += arr.gpu[c]
+    usage = {p: (float(use_cpu[i]), float(use_gpu[i])) for i, p in enumerate(arr.pools) if use_cpu[i] or use_gpu[i]}
+    return BatchResult(
+        assignment, cost, cost + penalty * len(unplaced), tuple(unplaced), method, time.perf_counter() - t0,
+        usage=usage, **kw,  # type: ignore[arg-type]
+    )
+
+
+class _State:
+    """Mutable assignment state of the heuristic (lists: plain Python is fastest for the scalar loops)."""
+
+    def __init__(self, arr: _Arrays, n: int, penalty: float) -> None:
+        self.n = n
+        self.penalty = penalty
+        self.start = arr.start.tolist()
+        self.cost = arr.cost.tolist()
+        self.cpu = arr.cpu.tolist()
+        self.gpu = arr.gpu.tolist()
+        self.pool = arr.pool.tolist()
+        self.cap_cpu = arr.cap_cpu.tolist()
+        self.cap_gpu = arr.cap_gpu.tolist()
+        self.by_cost: list[list[int]] = [
+            sorted(range(self.start[j], self.start[j + 1]), key=self.cost.__getitem__) for j in range(n)
+        ]
+        self.reset()
+
+    def reset(self) -> None:
+        self.left_cpu = list(self.cap_cpu)
+        self.left_gpu = list(self.cap_gpu)
+        self.choice = [-1] * self.n
+        self.members: dict[int, set[int]] = {}
+
+    def fits(self, c: int) -> bool:
+        p = self.pool[c]
+        return self.cpu[c] <= self.left_cpu[p] + _EPS and self.gpu[c] <= self.left_gpu[p] + _EPS
+
+    def move(self, j: int, c: int) -> None:
+        old = self.choice[j]
+        if old >= 0:
+            q = self.pool[old]
+            self.left_cpu[q] += self.cpu[old]
+            self.left_gpu[q] += self.gpu[old]
+            self.members[q].discard(j)
+        p = self.pool[c]
+        self.left_cpu[p] -= self.cpu[c]
+        self.left_gpu[p] -= self.gpu[c]
+        self.choice[j] = c
+        self.members.setdefault(p, set()).add(j)
+
+    def current(self, j: int) -> float:
+        c = self.choice[j]
+        return self.cost[c] if c >= 0 else self.penalty
+
+    def objective(self) -> float:
+        return sum(self.current(j) for j in range(self.n))
+
+    def greedy(self, job_order: Sequence[int], cand_order: Sequence[Sequence[int]], skip: list[bool] | None) -> None:
+        """Each job in ``job_order`` takes its first candidate (in ``cand_order``) with room; candidates
+        flagged in ``skip`` are passed over; then unplaced jobs take any room left, cheapest first."""
+        self.reset()
+        for j in job_order:
+            for c in cand_order[j]:
+                if (skip is None or not skip[c]) and self.fits(c):
+                    self.move(j, c)
+                    break
+        for j in job_order:
+            if self.choice[j] < 0:
+                for c in self.by_cost[j]:
+                    if self.fits(c):
+                        self.move(j, c)
+                        break
+
+    def local_search(self, job_order: Sequence[int], max_passes: int, max_scan: int) -> None:
+        """Move jobs to cheaper candidates with room; when the pool is full, evict one of at most
+        ``max_scan`` of its jobs to that job's next candidate with room, if the pair saves money."""
+        cost, cpu, gpu, pool = self.cost, self.cpu, self.gpu, self.pool
+        for _ in range(max_passes):
+            improved = False
+            for j in job_order:
+                here = self.current(j)
+                for c in self.by_cost[j]:
+                    if cost[c] >= here - 1e-7 or self.choice[j] == c:
+                        break
+                    if self.fits(c):
+                        self.move(j, c)
+                        improved = True
+                        break
+                    p = pool[c]
+                    best: tuple[float, int, int] | None = None
+                    for scanned, k in enumerate(self.members.get(p, ())):
+                        if scanned >= max_scan:
+                            break
+                        ck = self.choice[k]
+                        if k == j or cpu[c] > self.left_cpu[p] + cpu[ck] + _EPS or (
+                            gpu[c] > self.left_gpu[p] + gpu[ck] + _EPS
+                        ):
+                            continue
+                        for alt in self.by_cost[k]:
+                            if pool[alt] == p or not self.fits(alt):
+                                continue
+                            delta = (cost[c] - here) + (cost[alt] - cost[ck])
+                            if delta < -1e-7 and (best is None or delta < best[0]):
+                                best = (delta, k, alt)
+                            break
+                    if best is not None:
+                        _, k, alt = best
+                        self.move(k, alt)
+                        if self.fits(c):
+                            self.move(j, c)
+                            improved = True
+                            break
+            if not improved:
+                break
+
+
+def solve_heuristic(
+    jobs: Sequence[BatchJob],
+    capacity: Mapping[str, PoolCapacity],
+    *,
+    penalty_usd: float | None = None,
+    iterations: int = 40,
+    repair_every: int = 8,
+    max_passes: int = 8,
+    max_scan: int = 64,
+) -> BatchResult:
+    """Lagrangian-priced greedy plus local search. Deterministic; pools missing from ``capacity`` are
+    unlimited.
+
+    Design choice: a plain cheapest-first greedy hands the cheap pools to whoever comes first. Here
+    capacity gets a price per pool and resource (subgradient steps on the Lagrangian relaxation of the
+    capacity rows, vectorised with numpy); jobs are ordered by regret under those prices and take the
+    candidate cheapest under them, and a local search then works on real dollars. A few price rounds
+    are repaired this way and the best feasible assignment wins.
+    """
+    t0 = time.perf_counter()
+    penalty = default_penalty(jobs) if penalty_usd is None else penalty_usd
+    arr = _Arrays(jobs, capacity)
+    n = len(jobs)
+    st = _State(arr, n, penalty)
+    if n == 0:
+        return _finish(jobs, arr, [], penalty, "heuristic", t0)
+    counts = np.diff(arr.start)
+    has = counts > 0
+    job_of = np.repeat(np.arange(n), counts)
+
+    def order_and_rank(rc: np.ndarray) -> tuple[list[int], list[list[int]]]:
+        srt = np.lexsort((rc, job_of))
+        first = np.where(has, rc[srt[np.minimum(arr.start[:-1], len(srt) - 1)]] if len(srt) else 0.0, penalty)
+        second_idx = np.minimum(arr.start[:-1] + 1, np.maximum(arr.start[1:] - 1, 0))
+        second = np.where(counts >= 2, rc[srt[np.minimum(second_idx, max(len(srt) - 1, 0))]] if len(srt) else 0.0,
+                          penalty)
+        regret = np.minimum(second, penalty) - np.minimum(first, penalty)
+        size = np.zeros(n)
+        if len(srt):
+            head = srt[np.minimum(arr.start[:-1], len(srt) - 1)]
+            size = np.where(has, arr.gpu[head] * 1000.0 + arr.cpu[head], 0.0)
+        job_order = np.lexsort((np.arange(n), -size, -regret)).tolist()
+        flat = srt.tolist()
+        cand = [flat[arr.start[j] : arr.start[j + 1]] for j in range(n)]
+        return job_order, cand
+
+    best_choice: list[int] | None = None
+    best_obj = math.inf
+
+    def attempt(rc: np.ndarray, skip: list[bool] | None) -> None:
+        nonlocal best_choice, best_obj
+        job_order, cand = order_and_rank(rc)
+        st.greedy(job_order, cand, skip)
+        st.local_search(job_order, max_passes, max_scan)
+        obj = st.objective()
+        if obj < best_obj - 1e-9:
+            best_obj, best_choice = obj, list(st.choice)
+
+    attempt(arr.cost, None)
+    finite_c = np.isfinite(arr.cap_cpu)
+    finite_g = np.isfinite(arr.cap_gpu)
+    cap_c = np.where(finite_c, arr.cap_cpu, 0.0)
+    cap_g = np.where(finite_g, arr.cap_gpu, 0.0)
+    lam_c = np.zeros(len(arr.pools))
+    lam_g = np.zeros(len(arr.pools))
+    theta = 1.0
+    best_bound = -math.inf
+    stall = 0
+    seg = arr.start[:-1][has]
+    for it in range(1, iterations + 1):
+        rc = arr.cost + lam_c[arr.pool] * arr.cpu + lam_g[arr.pool] * arr.gpu
+        mins = np.full(n, penalty)
+        if len(rc):
+            mins[has] = np.minimum(np.minimum.reduceat(rc, seg), penalty)
+        bound = float(mins.sum() - lam_c @ cap_c - lam_g @ cap_g)
+        if bound > best_bound + 1e-9:
+            best_bound, stall = bound, 0
+        else:
+            stall += 1
+            if stall >= 3:
+                theta, stall = theta / 2, 0
+        # the relaxed choice of each job: its cheapest reduced-cost candidate, if below the penalty
+        chosen_mask = np.zeros(len(rc), dtype=bool)
+        if len(rc):
+            srt = np.lexsort((rc, job_of))
+            heads = srt[arr.start[:-1][has]]
+            take = rc[heads] < penalty
+            chosen_mask[heads[take]] = True
+        use_c = np.bincount(arr.pool[chosen_mask], weights=arr.cpu[chosen_mask], minlength=len(arr.pools))
+        use_g = np.bincount(arr.pool[chosen_mask], weights=arr.gpu[chosen_mask], minlength=len(arr.pools))
+        g_c = np.where(finite_c, use_c - cap_c, 0.0)
+        g_g = np.where(finite_g, use_g - cap_g, 0.0)
+        g_c = np.where((lam_c <= 0) & (g_c < 0), 0.0, g_c)
+        g_g = np.where((lam_g <= 0) & (g_g < 0), 0.0, g_g)
+        norm = float(g_c @ g_c + g_g @ g_g)
+        if norm <= 1e-12:
+            attempt(rc, None)
+            break
+        step = theta * max(best_obj - bound, 1e-6 * max(1.0, abs(best_obj))) / norm
+        lam_c = np.maximum(0.0, lam_c + step * g_c)
+        lam_g = np.maximum(0.0, lam_g + step * g_g)
+        if it % repair_every == 0 or it == iterations:
+            attempt(rc, None)
+    assert best_choice is not None
+    result = _finish(jobs, arr, best_choice, penalty, "heuristic", t0, lower_bound_usd=max(best_bound, 0.0))
+    return result
+
+
+def solve_exact(
+    jobs: Sequence[BatchJob],
+    capacity: Mapping[str, PoolCapacity],
+    *,
+    penalty_usd: float | None = None,
+    time_limit_seconds: float = 60.0,
+    mip_rel_gap: float = 1e-6,
+    threads: int = 1,
+) -> BatchResult:
+    """Solve the mixed-integer model with HiGHS. ``status`` is ``optimal`` or ``time_limit`` (then the
+    best solution found, with ``gap`` from the dual bound); ``RuntimeError`` when HiGHS found no solution."""
+    import highspy
+
+    t0 = time.perf_counter()
+    penalty = default_penalty(jobs) if penalty_usd is None else penalty_usd
+    arr = _Arrays(jobs, capacity)
+    n = len(jobs)
+    nc = len(arr.cost)
+    finite_cpu = np.isfinite(arr.cap_cpu) & (np.bincount(arr.pool, weights=arr.cpu, minlength=len(arr.pools))
+                                             > arr.cap_cpu + _EPS)
+    finite_gpu = np.isfinite(arr.cap_gpu) & (np.bincount(arr.pool, weights=arr.gpu, minlength=len(arr.pools))
+                                             > arr.cap_gpu + _EPS)
+    cpu_row = np.full(len(arr.pools), -1, dtype=np.int64)
+    gpu_row = np.full(len(arr.pools), -1, dtype=np.int64)
+    rows = n
+    for i in np.flatnonzero(finite_cpu):
+        cpu_row[i] = rows
+        rows += 1
+    for i in np.flatnonzero(finite_gpu):
+        gpu_row[i] = rows
+        rows += 1
+    job_of = np.repeat(np.arange(n), np.diff(arr.start))
+    # columns: candidates (binary), then one unplaced slack per job
+    c_cpu_row = cpu_row[arr.pool]
+    c_gpu_row = gpu_row[arr.pool]
+    has_cpu = (c_cpu_row >= 0) & (arr.cpu > 0)
+    has_gpu = (c_gpu_row >= 0) & (arr.gpu > 0)
+    per_col = 1 + has_cpu.astype(np.int64) + has_gpu.astype(np.int64)
+    col_start = np.zeros(nc + n + 1, dtype=np.int64)
+    col_start[1 : nc + 1] = np.cumsum(per_col)
+    col_start[nc + 1 :] = col_start[nc] + np.arange(1, n + 1)
+    nnz = int(col_start[-1])
+    index = np.empty(nnz, dtype=np.int32)
+    value = np.empty(nnz, dtype=float)
+    pos = col_start[:nc]
+    index[pos] = job_of
+    value[pos] = 1.0
+    nxt = pos + 1
+    index[nxt[has_cpu]] = c_cpu_row[has_cpu]
+    value[nxt[has_cpu]] = arr.cpu[has_cpu]
+    nxt = nxt + has_cpu.astype(np.int64)
+    index[nxt[has_gpu]] = c_gpu_row[has_gpu]
+    value[nxt[has_gpu]] = arr.gpu[has_gpu]
+    index[col_start[nc:-1]] = np.arange(n)
+    value[col_start[nc:-1]] = 1.0
+
+    lp = highspy.HighsLp()
+    lp.num_col_ = nc + n
+    lp.num_row_ = rows
+    lp.col_cost_ = np.concatenate([arr.cost, np.full(n, penalty)])
+    lp.col_lower_ = np.zeros(nc + n)
+    lp.col_upper_ = np.ones(nc + n)
+    row_upper = np.ones(rows)
+    row_lower = np.full(rows, -highspy.kHighsInf)
+    row_lower[:n] = 1.0
+    for i in np.flatnonzero(finite_cpu):
+        row_upper[cpu_row[i]] = arr.cap_cpu[i]
+    for i in np.flatnonzero(finite_gpu):
+        row_upper[gpu_row[i]] = arr.cap_gpu[i]
+    lp.row_lower_ = row_lower
+    lp.row_upper_ = row_upper
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = col_start.astype(np.int32)
+    lp.a_matrix_.index_ = index
+    lp.a_matrix_.value_ = value
+    lp.a_matrix_.num_col_ = nc + n
+    lp.a_matrix_.num_row_ = rows
+    lp.integrality_ = [highspy.HighsVarType.kInteger] * nc + [highspy.HighsVarType.kContinuous] * n
+
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(time_limit_seconds))
+    h.setOptionValue("mip_rel_gap", float(mip_rel_gap))
+    h.setOptionValue("threads", int(threads))
+    h.passModel(lp)
+    h.run()
+    status = h.getModelStatus()
+    info = h.getInfo()
+    x = np.asarray(h.getSolution().col_value)
+    if len(x) < nc + n or info.primal_solution_status == 0:
+        raise RuntimeError(f"HiGHS found no solution ({h.modelStatusToString(status)}) in {time_limit_seconds} s")
+    choice = [-1] * n
+    chosen = np.flatnonzero(x[:nc] > 0.5)
+    for c in chosen.tolist():
+        choice[int(job_of[c])] = c
+    name = h.modelStatusToString(status)
+    label = "optimal" if status == highspy.HighsModelStatus.kOptimal else (
+        "time_limit" if status == highspy.HighsModelStatus.kTimeLimit else name)
+    bound = float(info.mip_dual_bound)
+    result = _finish(jobs, arr, choice, penalty, "highs", t0, status=label, lower_bound_usd=bound)
+    rel = (result.objective_usd - bound) / max(abs(result.objective_usd), 1e-9)
+    return BatchResult(
+        result.assignment, result.cost_usd, result.objective_usd, result.unplaced, result.method,
+        result.seconds, result.status, bound, max(0.0, rel), result.usage,
+    )
+
+
+def evaluate(
+    jobs: Sequence[BatchJob], capacity: Mapping[str, PoolCapacity], assignment: Mapping[str, int | None]
+) -> list[str]:
+    """Violations of ``assignment`` (capacity overruns, unknown candidates); empty when feasible."""
+    problems = []
+    used: dict[str, list[float]] = {}
+    for job in jobs:
+        k = assignment.get(job.id)
+        if k is None:
+            continue
+        if not 0 <= k < len(job.candidates):
+            problems.append(f"{job.id}: candidate {k} does not exist")
+            continue
+        c = job.candidates[k]
+        u = used.setdefault(c.pool, [0.0, 0.0])
+        u[0] += c.vcpus
+        u[1] += c.gpus
+    for p, (ucpu, ugpu) in sorted(used.items()):
+        cap = capacity.get(p, PoolCapacity())
+        if ucpu > cap.vcpus + 1e-6:
+            problems.append(f"{p}: {ucpu:g} vCPUs used of {cap.vcpus:g}")
+        if ugpu > cap.gpus + 1e-6:
+            problems.append(f"{p}: {ugpu:g} GPUs used of {cap.gpus:g}")
+    return problems
+
+
+def gap(heuristic: BatchResult, reference: BatchResult) -> float:
+    """Relative excess of ``heuristic``'s objective over ``reference``'s (0.01 = 1 % worse)."""
+    return (heuristic.objective_usd - reference.objective_usd) / max(abs(reference.objective_usd), 1e-9)

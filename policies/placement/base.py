@@ -1,0 +1,70 @@
+"""What every placement plugin shares: the :class:`Verdict` value and the :class:`Context` a filter reads.
+
+A *filter* plugin is a module with ``NAME``, its reason constants and ``checks(request, catalog, ctx)``
+returning ``[(reason, ok_mask), ...]``: boolean arrays over all catalog rows (``True`` = this row passes
+that check). The engine applies the checks in order and counts each rejected row under the first reason
+that rejects it, so ``considered == feasible + sum(rejected.values())``.
+
+A *score* plugin has ``NAME`` and ``key(request, costs) -> float array`` (lower is better).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+import numpy.typing as npt
+
+from broker.model import Request
+from pricing.catalog import Catalog
+
+__all__ = ["Verdict", "Context", "Check", "FilterFn", "Costs"]
+
+BoolArray = npt.NDArray[np.bool_]
+Check = tuple[str, BoolArray]
+FilterFn = Callable[[Request, Catalog, "Context"], list[Check]]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The outcome of filtering one offer: ``ok``, or rejected with a reason constant. ``unresolvable``
+    means no amount of waiting or preemption makes the offer fit (a resource or policy mismatch)."""
+
+    passed: bool
+    reason: str = ""
+    unresolvable_: bool = False
+
+    @staticmethod
+    def ok() -> Verdict:
+        return Verdict(True)
+
+    @staticmethod
+    def reject(reason: str) -> Verdict:
+        return Verdict(False, reason)
+
+    @staticmethod
+    def unresolvable(reason: str) -> Verdict:
+        return Verdict(False, reason, True)
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What filters may read besides the request and catalog: the decision time and predicted wait."""
+
+    now: datetime
+    wait_hours: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Costs:
+    """Costs of the candidate rows ``idx`` of one catalog (all arrays aligned with ``idx``)."""
+
+    idx: npt.NDArray[np.int64]
+    hourly_usd: npt.NDArray[np.float64]
+    compute_usd: npt.NDArray[np.float64]
+    egress_usd: npt.NDArray[np.float64]
+    transfer_hours: npt.NDArray[np.float64]
+    total_usd: npt.NDArray[np.float64]
+    finish_hours: npt.NDArray[np.float64]

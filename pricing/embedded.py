@@ -1,0 +1,256 @@
+"""The embedded default catalog, built from what Apache Libcloud ships inside its installed package.
+
+Nothing is downloaded and no credentials are read: prices come from ``libcloud/data/pricing.json`` (dated by
+its own ``updated`` field), specs from ``libcloud.compute.constants.ec2_instance_types`` and
+``libcloud.compute.drivers.azure`` constants.
+
+* **AWS** (``ec2_linux``): on-demand per type x region, full specs; GPU model by family (``p4d`` -> A100...);
+  Graviton processors are arm64. ``0.0`` = not offered there (skipped, counted as dropped).
+* **Azure** (``azure_linux``): sizes are bare lowercase names (``standardd2sv3``); vCPUs and memory come from
+  the classic size table Libcloud ships (A0-A11, D1-D14) or are parsed from the name for the families whose
+  name carries the vCPU count and whose memory per vCPU is fixed (Av2, B, D/Ds v2-v4, E v3/v4, F, Fs v2,
+  L v2). ``lowpriority*`` keys are the spot price of the same size. GPU and irregular families are dropped
+  (the SkyPilot Azure catalog covers them).
+* **GCP** (``gce_instances``): per-vCPU and per-GiB rates per family; machine types are composed from
+  GCE's published shapes (n1/n2/n2d/e2 standard/highmem/highcpu, c2-standard, m1, f1-micro, g1-small).
+  ``preemptible`` rates give spot prices.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from broker.errors import CatalogError
+from broker.model import Provenance
+from pricing.catalog import Catalog, CatalogBuilder
+
+__all__ = ["load_embedded", "libcloud_pricing_path", "EC2_ACCELERATORS"]
+
+# EC2 family -> accelerator model (Libcloud gives the count, not the model).
+EC2_ACCELERATORS = {
+    "p2": "K80", "p3": "V100", "p3dn": "V100-32GB", "p4d": "A100", "p4de": "A100-80GB", "p5": "H100",
+    "p5e": "H200", "p5en": "H200", "g3": "M60", "g3s": "M60", "g4dn": "T4", "g4ad": "Radeon-Pro-V520",
+    "g5": "A10G", "g5g": "T4g", "g6": "L4", "gr6": "L4", "g6e": "L40S", "p6-b200": "B200", "g2": "K520",
+}
+
+_AZ_RE = re.compile(
+    r"^(standard|basic|lowpriority)(ds|gs|dc|hb|hc|nc|nd|nv|pb|a|b|d|e|f|g|h|l|m)(\d+)([a-z]*?)(v(\d))?(promo)?$"
+)
+_B_SERIES = {  # name suffix -> (vCPUs, GiB) for the burstable B series
+    "1ls": (1, 0.5), "1s": (1, 1), "1ms": (1, 2), "2s": (2, 4), "2ms": (2, 8), "4ms": (4, 16), "8ms": (8, 32),
+    "12ms": (12, 48), "16ms": (16, 64), "20ms": (20, 80),
+}
+_DV2_SMALL = {1: 1, 2: 2, 3: 4, 4: 8, 5: 16}  # D1_v2..D5_v2: vCPUs, 3.5 GiB each
+_DV2_MEM = {11: 2, 12: 4, 13: 8, 14: 16, 15: 20}  # D11_v2..D15_v2: vCPUs, 7 GiB each
+
+# GCE shapes: family -> [(shape, GiB per vCPU, vCPU counts)]
+_GCE_SHAPES: dict[str, list[tuple[str, float, tuple[int, ...]]]] = {
+    "n1": [
+        ("standard", 3.75, (1, 2, 4, 8, 16, 32, 64, 96)),
+        ("highmem", 6.5, (2, 4, 8, 16, 32, 64, 96)),
+        ("highcpu", 0.9, (2, 4, 8, 16, 32, 64, 96)),
+    ],
+    "n2": [
+        ("standard", 4.0, (2, 4, 8, 16, 32, 48, 64, 80, 96, 128)),
+        ("highmem", 8.0, (2, 4, 8, 16, 32, 48, 64, 80, 96, 128)),
+        ("highcpu", 1.0, (2, 4, 8, 16, 32, 48, 64, 80, 96)),
+    ],
+    "n2d": [
+        ("standard", 4.0, (2, 4, 8, 16, 32, 48, 64, 80, 96, 128, 224)),
+        ("highmem", 8.0, (2, 4, 8, 16, 32, 48, 64, 80, 96)),
+        ("highcpu", 1.0, (2, 4, 8, 16, 32, 48, 64, 80, 96, 128, 224)),
+    ],
+    "e2": [
+        ("standard", 4.0, (2, 4, 8, 16, 32)),
+        ("highmem", 8.0, (2, 4, 8, 16)),
+        ("highcpu", 1.0, (2, 4, 8, 16, 32)),
+    ],
+    "c2": [("standard", 4.0, (4, 8, 16, 30, 60))],
+}
+_GCE_FIXED = {  # name -> (family, vCPUs, GiB)
+    "m1-megamem-96": ("m1", 96, 1433.6), "m1-ultramem-40": ("m1", 40, 961.0), "m1-ultramem-80": ("m1", 80, 1922.0),
+    "m1-ultramem-160": ("m1", 160, 3844.0),
+}
+_GCE_SHARED = {"f1-micro": ("f1", 0.2, 0.6), "g1-small": ("g1", 0.5, 1.7)}  # priced per instance
+
+
+def libcloud_pricing_path() -> Path:
+    """Path of the ``pricing.json`` bundled in the installed Libcloud package."""
+    import libcloud
+
+    return Path(libcloud.__file__).parent / "data" / "pricing.json"
+
+
+def _libcloud_version() -> str:
+    import libcloud
+
+    return str(libcloud.__version__)
+
+
+def load_embedded(pricing_path: str | Path | None = None) -> Catalog:
+    """The embedded default catalog (AWS, Azure, GCP) from Libcloud's package data.
+
+    Raises :class:`CatalogError` when Libcloud or its data is missing or unreadable."""
+    try:
+        path = Path(pricing_path) if pricing_path else libcloud_pricing_path()
+        data = json.loads(path.read_text())
+    except (ImportError, OSError, ValueError) as exc:
+        raise CatalogError(
+            f"cannot read Libcloud's bundled pricing data: {exc}. To fix: pip install apache-libcloud"
+        ) from exc
+    updated = data.get("updated")
+    date = datetime.fromtimestamp(float(updated), UTC).date().isoformat() if updated else ""
+    compute = data.get("compute", {})
+    b = CatalogBuilder()
+    tag = f"libcloud-{_libcloud_version()}:pricing.json"
+    for provider, key, fn in (
+        ("aws", "ec2_linux", _ec2),
+        ("azure", "azure_linux", _azure),
+        ("gcp", "gce_instances", _gce),
+    ):
+        source = f"{tag}:{key}"
+        before = len(b)
+        rows, dropped = fn(b, compute.get(key, {}), source)
+        b.provenance.append(Provenance(source=source, date=date, rows=rows, offers=len(b) - before,
+                                       dropped=dropped, provider=provider))
+    return b.build()
+
+
+def _mem_gib(s: str) -> float | None:
+    m = re.match(r"^\s*([\d.,]+)\s*GiB", s or "")
+    return float(m.group(1).replace(",", "")) if m else None
+
+
+def _ec2(b: CatalogBuilder, prices: dict[str, dict[str, float]], source: str) -> tuple[int, int]:
+    from libcloud.compute.constants.ec2_instance_types import INSTANCE_TYPES
+
+    rows = dropped = 0
+    for name, by_region in prices.items():
+        spec: Any = INSTANCE_TYPES.get(name)
+        rows += len(by_region)
+        if spec is None:
+            dropped += len(by_region)
+            continue
+        extra = spec.get("extra", {})
+        try:
+            vcpus = float(extra.get("vcpu"))
+        except (TypeError, ValueError):
+            dropped += len(by_region)
+            continue
+        mem = _mem_gib(extra.get("memory", "")) or (spec.get("ram") or 0) / 1024.0
+        gpu_s = str(extra.get("gpu") or "0")
+        gpus = int(gpu_s) if gpu_s.isdigit() else 0
+        family = name.split(".")[0]
+        acc = EC2_ACCELERATORS.get(family) if gpus else None
+        if gpus and acc is None:
+            gpus = 0  # an accelerator Libcloud does not name (FPGA/Inferentia): offered as CPU capacity
+        gmem_total = re.match(r"^\s*([\d.]+)\s*G", str(extra.get("gpuMemory") or ""))
+        gmem = float(gmem_total.group(1)) / gpus if gmem_total and gpus else 0.0
+        arch = "arm64" if "Graviton" in str(extra.get("physicalProcessor") or "") else "amd64"
+        for region, price in by_region.items():
+            if not price or price <= 0:
+                dropped += 1
+                continue
+            b.add(provider="aws", region=region, instance_type=name, vcpus=vcpus, memory_gib=mem, gpus=gpus,
+                  accelerator=acc, gpu_memory_gib=gmem, arch=arch, hourly_usd=float(price), source=source)
+    return rows, dropped
+
+
+def _azure_spec(fam: str, n: int, suffix: str, ver: str) -> tuple[float, float] | None:
+    from libcloud.compute.drivers.azure import AZURE_COMPUTE_INSTANCE_TYPES
+
+    if not ver and fam in ("a", "d", "ds") and (f"{'D' if fam == 'ds' else fam.upper()}{n}") in (
+        AZURE_COMPUTE_INSTANCE_TYPES
+    ) and not suffix:
+        t: Any = AZURE_COMPUTE_INSTANCE_TYPES[f"{'D' if fam == 'ds' else fam.upper()}{n}"]
+        cores = t["cores"]
+        return (0.25 if cores == "Shared" else float(cores)), t["ram"] / 1024.0
+    if fam == "b" and not ver:
+        return _B_SERIES.get(f"{n}{suffix}")
+    if fam in ("d", "ds") and ver == "2":
+        if n in _DV2_SMALL:
+            return float(_DV2_SMALL[n]), 3.5 * _DV2_SMALL[n]
+        if n in _DV2_MEM:
+            return float(_DV2_MEM[n]), 7.0 * _DV2_MEM[n]
+        return None
+    if fam == "a" and ver == "2":
+        return float(n), (8.0 if "m" in suffix else 2.0) * n
+    if fam == "d" and ver in ("3", "4"):
+        return float(n), 4.0 * n
+    if fam == "e" and ver in ("3", "4"):
+        return float(n), 8.0 * n
+    if fam == "f" and ver in ("", "2"):
+        return float(n), 2.0 * n
+    if fam == "l" and ver == "2":
+        return float(n), 8.0 * n
+    return None
+
+
+def _azure_name(fam: str, n: int, suffix: str, ver: str) -> str:
+    name = f"Standard_{fam.upper()}{n}{suffix}"
+    return f"{name}_v{ver}" if ver else name
+
+
+def _azure(b: CatalogBuilder, prices: dict[str, dict[str, float]], source: str) -> tuple[int, int]:
+    rows = dropped = 0
+    for key, by_region in prices.items():
+        rows += len(by_region)
+        m = _AZ_RE.match(key)
+        spec = _azure_spec(m.group(2), int(m.group(3)), m.group(4), m.group(6) or "") if m else None
+        if m is None or spec is None or m.group(7):
+            dropped += len(by_region)
+            continue
+        kind, fam, n, suffix, ver = m.group(1), m.group(2), int(m.group(3)), m.group(4), m.group(6) or ""
+        name = f"Basic_{fam.upper()}{n}" if kind == "basic" else _azure_name(fam, n, suffix, ver)
+        cap = "spot" if kind == "lowpriority" else "on-demand"
+        for region, price in by_region.items():
+            if not price or price <= 0:
+                dropped += 1
+                continue
+            b.add(provider="azure", region=region, instance_type=name, vcpus=spec[0], memory_gib=spec[1],
+                  hourly_usd=float(price), capacity=cap, source=source)
+    return rows, dropped
+
+
+def _rates(fam: dict[str, Any], part: str, kind: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for region, v in (fam.get(part, {}).get(kind) or {}).items():
+        p = v.get("price") if isinstance(v, dict) else v
+        if isinstance(p, int | float) and p > 0:
+            out[region] = float(p)
+    return out
+
+
+def _gce(b: CatalogBuilder, families: dict[str, Any], source: str) -> tuple[int, int]:
+    rows = dropped = 0
+    shapes: list[tuple[str, str, float, float]] = []  # (name, family, vcpus, GiB)
+    for fam, defs in _GCE_SHAPES.items():
+        for shape, per, counts in defs:
+            for n in counts:
+                shapes.append((f"{fam}-{shape}-{n}", fam, float(n), round(per * n, 2)))
+    shapes.extend((name, fam, float(v), m) for name, (fam, v, m) in _GCE_FIXED.items())
+    for fam_name in families:
+        rows += sum(len(v.get("on_demand") or {}) for v in families[fam_name].values() if isinstance(v, dict))
+    for cap, kind in (("on-demand", "on_demand"), ("spot", "preemptible")):
+        for name, fam, vcpus, mem in shapes:
+            f = families.get(fam)
+            if not f:
+                continue
+            cpu, ram = _rates(f, "cpu", kind), _rates(f, "ram", kind)
+            for region in sorted(set(cpu) & set(ram)):
+                b.add(provider="gcp", region=region, instance_type=name, vcpus=vcpus, memory_gib=mem,
+                      hourly_usd=round(vcpus * cpu[region] + mem * ram[region], 6), capacity=cap, source=source)
+        for name, (fam, vcpus, mem) in _GCE_SHARED.items():
+            f = families.get(fam)
+            if not f:
+                continue
+            for region, price in _rates(f, "cpu", kind).items():
+                b.add(provider="gcp", region=region, instance_type=name, vcpus=vcpus, memory_gib=mem,
+                      hourly_usd=price, capacity=cap, source=source)
+    if not families:
+        dropped = 0
+    return rows, dropped

@@ -1,0 +1,153 @@
+"""Failover: capacity/quota move on and block, transient backs off on the clock, auth stops, nothing leaks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from broker.clock import ManualClock
+from broker.errors import AuthError, CapacityError, InvalidRequestError, QuotaError, TransientError
+from broker.model import RetryPolicy
+from providers.base import TAG_JOB, TAG_REQUEST
+from providers.failover import Blocklist, backoff_delay, provision
+from providers.fake import FakeProvider
+
+from .builders import make_option
+
+A1 = make_option("a", "r1", "t.small")
+A1B = make_option("a", "r1", "t.big")
+A2 = make_option("a", "r2", "t.small")
+B1 = make_option("b", "r1", "t.small")
+
+
+def run(providers: dict[str, FakeProvider], options, retry=RetryPolicy(), clock=None, blocklist=None, **kw):
+    clock = clock or ManualClock()
+    out = provision(
+        options,
+        providers.__getitem__,
+        request_id="req-1",
+        tags={TAG_JOB: "job-1"},
+        job=None,
+        retry=retry,
+        clock=clock,
+        blocklist=blocklist,
+        rng=random.Random(7),
+        **kw,
+    )
+    return out, clock
+
+
+SCENARIOS = [
+    ("capacity on the first region fails over to the next region",
+     {"a": [CapacityError("full"), None]}, [A1, A2], ("a", "r2"), ["capacity", "launched"]),
+    ("quota on a region skips the other offer in that region",
+     {"a": [QuotaError("vcpus")], "b": []}, [A1, A1B, B1], ("b", "r1"), ["quota", "skipped", "launched"]),
+    ("capacity blocks only that offer, not the region",
+     {"a": [CapacityError("full"), None]}, [A1, A1B], ("a", "r1"), ["capacity", "launched"]),
+    ("an invalid request moves on to the next provider",
+     {"a": [InvalidRequestError("bad ami")], "b": []}, [A1, B1], ("b", "r1"), ["invalid", "launched"]),
+    ("transient errors are retried on the same option",
+     {"a": [TransientError("429"), TransientError("429"), None]}, [A1, B1], ("a", "r1"),
+     ["transient", "transient", "launched"]),
+    ("auth stops at once without trying the rest",
+     {"a": [AuthError("denied")], "b": []}, [A1, B1], None, ["auth"]),
+    ("every option out of capacity gives up with the last error",
+     {"a": [CapacityError("x"), CapacityError("y")], "b": [CapacityError("z")]}, [A1, A2, B1], None,
+     ["capacity", "capacity", "capacity"]),
+]
+
+
+@pytest.mark.parametrize(("script", "options", "where", "outcomes"), [s[1:] for s in SCENARIOS],
+                         ids=[s[0] for s in SCENARIOS])
+def test_failover_scenarios(script, options, where, outcomes) -> None:
+    fakes = {name: FakeProvider(name, fail=errors) for name, errors in script.items()}
+    out, _ = run(fakes, options)
+    assert [a.outcome for a in out.attempts] == outcomes
+    if where is None:
+        assert out.option is None and out.instances == [] and out.error is not None
+        assert type(out.error).__name__.lower().startswith(outcomes[-1])
+    else:
+        assert out.ok and (out.option.provider, out.option.region) == where
+        assert [i.tags[TAG_REQUEST] for i in out.instances] == ["req-1"]
+        assert out.instances[0].tags[TAG_JOB] == "job-1"
+    for fake in fakes.values():
+        live = {i.id for i in fake.running()}
+        assert live == ({i.id for i in out.instances} if where and where[0] == fake.name else set())
+
+
+def test_backoff_delays_double_up_to_the_cap_with_jitter_on_the_clock() -> None:
+    retry = RetryPolicy(backoff_limit=6, retry_delay_seconds=10, max_retry_delay_seconds=120)
+    fake = FakeProvider("a", fail=[TransientError("slow")] * 6)
+    out, clock = run({"a": fake}, [A1], retry=retry)
+    assert out.ok
+    expected = [min(120.0, 10.0 * 2**n) for n in range(6)]  # 10 20 40 80 120 120
+    assert len(clock.sleeps) == 6
+    for slept, base in zip(clock.sleeps, expected, strict=True):
+        assert base * 0.5 <= slept <= base
+    assert [a.delay_seconds for a in out.attempts if a.outcome == "transient"] == clock.sleeps
+    rng = random.Random(7)
+    assert clock.sleeps == [backoff_delay(retry, n, rng) for n in range(6)]
+
+
+def test_backoff_jitter_is_reproducible_with_a_seeded_rng() -> None:
+    fake1 = FakeProvider("a", fail=[TransientError("slow")] * 3)
+    fake2 = FakeProvider("a", fail=[TransientError("slow")] * 3)
+    _, c1 = run({"a": fake1}, [A1])
+    _, c2 = run({"a": fake2}, [A1])
+    assert c1.sleeps == c2.sleeps and len(set(c1.sleeps)) == 3
+
+
+def test_gives_up_after_the_backoff_limit() -> None:
+    fake = FakeProvider("a", fail=[TransientError("throttled")] * 10)
+    out, clock = run({"a": fake}, [A1], retry=RetryPolicy(backoff_limit=3, retry_delay_seconds=1))
+    assert not out.ok and isinstance(out.error, TransientError)
+    assert len(clock.sleeps) == 3
+    assert len(fake.launch_calls) == 4  # the first try and 3 retries
+    assert "gave up after 3 retries" in out.attempts[-1].message
+
+
+def test_a_blocked_offer_is_skipped_by_the_next_call_until_it_expires() -> None:
+    clock = ManualClock()
+    blocks = Blocklist(clock, capacity_block_seconds=300)
+    fake = FakeProvider("a", fail=[CapacityError("full")])
+    out1, _ = run({"a": fake}, [A1], clock=clock, blocklist=blocks)
+    assert out1.error is not None
+    out2, _ = run({"a": fake}, [A1], clock=clock, blocklist=blocks)
+    assert [a.outcome for a in out2.attempts] == ["skipped"]
+    clock.advance(301)
+    out3, _ = run({"a": fake}, [A1], clock=clock, blocklist=blocks)
+    assert out3.ok
+
+
+def test_a_partial_launch_that_errors_leaves_no_orphan() -> None:
+    leaky = FakeProvider("a", fail=[CapacityError("half made")], leak_on_error=True)
+    ok = FakeProvider("b")
+    out, _ = run({"a": leaky, "b": ok}, [A1, B1], count=2)
+    assert out.ok and len(out.instances) == 2
+    assert leaky.running() == [] and len(leaky.terminated) == 2
+
+
+def test_an_abandoned_request_terminates_what_it_created_everywhere() -> None:
+    leaky = FakeProvider("a", fail=[CapacityError("half")], leak_on_error=True)
+    auth = FakeProvider("b", fail=[AuthError("no")])
+    out, _ = run({"a": leaky, "b": auth}, [A1, B1])
+    assert isinstance(out.error, AuthError)
+    assert leaky.running() == [] and auth.running() == []
+
+
+def test_provision_is_idempotent_per_request_id() -> None:
+    fake = FakeProvider("a")
+    out1, _ = run({"a": fake}, [A1])
+    out2, _ = run({"a": fake}, [A1])
+    assert [i.id for i in out1.instances] == [i.id for i in out2.instances]
+    assert len(fake.running()) == 1
+
+
+def test_an_unexpected_adapter_exception_is_a_failed_option_not_a_crash() -> None:
+    def boom(offer, count, request_id):
+        raise RuntimeError("adapter bug")
+
+    out, _ = run({"a": FakeProvider("a", fail=boom), "b": FakeProvider("b")}, [A1, B1])
+    assert out.ok and out.option == B1
+    assert out.attempts[0].outcome == "provider" and "adapter bug" in out.attempts[0].message
