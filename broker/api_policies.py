@@ -29,7 +29,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from sqlmodel import Session
 
 from broker import policy_store as ps
-from broker.api_deps import get_clock, get_session, require_admin, require_namespace
+from broker.api_deps import current_principal, get_clock, get_session, require_admin, require_namespace
 from broker.clock import Clock
 from broker.errors import NotFoundError, SpecError
 from policies.quota import quota_status
@@ -90,8 +90,8 @@ def delete_policy(
 
 
 @router.get("/v1/priorityclasses")
-def priority_classes(session: Annotated[Session, Depends(get_session)], _p: Annotated[Any, Depends(
-        __import__("broker.api_deps", fromlist=["current_principal"]).current_principal)]) -> dict[str, Any]:
+def priority_classes(session: Annotated[Session, Depends(get_session)],
+                     _p: Annotated[Any, Depends(current_principal)]) -> dict[str, Any]:
     items = sorted(ps.list_priority_classes(session).values(), key=lambda c: (-c.value, c.name))
     return {"items": [{"name": c.name, "value": c.value, "preemptionPolicy": c.preemption_policy,
                        "globalDefault": c.global_default, "description": c.description} for c in items]}

@@ -169,7 +169,7 @@ class Gateway:
         c.tls_set(ca_certs=ca_file, certfile=cert_file, keyfile=key_file, tls_version=ssl.PROTOCOL_TLS_CLIENT)
         c.max_inflight_messages_set(200)
         c.max_queued_messages_set(0)
-        c.reconnect_delay_set(1, 10)
+        c.reconnect_delay_set(1, 4)
         c.on_connect = self._on_connect
         c.on_disconnect = lambda *_a: self._connected.clear()
         c.on_message = lambda _c, _u, m: self._inbox.put((m.topic, bytes(m.payload)))

@@ -336,7 +336,7 @@ class Scheduler:
             self._timed(report, "3-admit", t0)
 
             t0 = time.perf_counter()
-            to_provision, failed = self._place(admitted, holds, snapshot, failed_parse, now)
+            to_provision, failed = self._place(admitted, holds, snapshot, failed_parse, now, heads)
             report.placed = len(to_provision)
             report.failed = failed
             self._timed(report, "4-place", t0)
@@ -466,6 +466,7 @@ class Scheduler:
         snapshot: Snapshot,
         failed_parse: list[tuple[str, str]],
         now: datetime,
+        heads: list[QueuedJob],
     ) -> tuple[list[tuple[QueuedJob, list[PlacementOption]]], int]:
         cache: dict[Request, PlacementResult] = {}
         decided: list[tuple[QueuedJob, PlacementResult, list[PlacementOption], str]] = []
@@ -484,7 +485,7 @@ class Scheduler:
                 fails.append((job.id, f"no feasible placement on the enabled providers ({detail or 'no offers'})"))
             else:
                 decided.append((job, result, options, why))
-        by_id = {j.id: j for j in admitted}
+        by_id = {j.id: j for j in heads}
         placed: list[tuple[QueuedJob, list[PlacementOption]]] = []
         try:
             from broker import decisions

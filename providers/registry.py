@@ -61,6 +61,12 @@ def create(name: str, **options: Any) -> Provider:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        if (exc.name or "").startswith("providers"):
+            raise InvalidRequestError(
+                f"provider {name!r} has no adapter in this build yet ({exc.name}). To fix: use "
+                "`dryrun` for it, or one of aws, azure, onprem.",
+                provider=name,
+            ) from exc
         extra = {"aws": "aws", "azure": "azure"}.get(name, "server")
         raise AuthError(
             f"provider {name!r} needs a package that is not installed ({exc.name}). "

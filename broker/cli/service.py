@@ -67,11 +67,36 @@ def serve(
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=10, lifespan="on")
-    server = uvicorn.Server(config)
+    server = _CleanExitServer(config)
     print(f"broker: serving on http://{settings.host}:{settings.port} (data {settings.data_dir}, store "
           f"{'postgresql' if app.state.hb.store.is_postgres else 'sqlite'})", file=sys.stderr, flush=True)
     server.run()
     print("broker: stopped", file=sys.stderr, flush=True)
+
+
+def _clean_exit_server_class() -> Any:
+    import contextlib
+    from collections.abc import Iterator
+
+    import uvicorn
+
+    class CleanExitServer(uvicorn.Server):
+        """uvicorn re-raises SIGTERM after its graceful shutdown (exit status -15); the broker's contract is a
+        clean stop, so the captured signal is dropped once shutdown has completed (exit status 0)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    self._captured_signals.clear()
+
+    return CleanExitServer
+
+
+def _CleanExitServer(config: Any) -> Any:  # noqa: N802 - a class factory, used like a class
+    return _clean_exit_server_class()(config)
 
 
 def submit(

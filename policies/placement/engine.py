@@ -41,6 +41,7 @@ from policies.placement.base import Context, Costs, FilterFn, Verdict
 from policies.placement.explain import explain
 from pricing.catalog import CAPACITIES, Catalog
 from pricing.egress import EgressModel
+from pricing.geo import continent_of
 
 __all__ = ["place", "check_offer", "FILTERS", "SCORES", "REASONS"]
 
@@ -68,19 +69,20 @@ def _extra_catalog(offers: tuple[Offer, ...]) -> Catalog:
 
 
 def _validate(request: Request, parts: Sequence[Catalog], egress: EgressModel) -> None:
-    if request.accelerator and all(p.accelerator_code(request.accelerator) is None for p in parts):
-        known = sorted({a for p in parts for a in p.accelerators if a})
-        raise SpecError(
-            "spec.resources.accelerator",
-            f"no offer carries accelerator {request.accelerator!r}. To fix: use one of {', '.join(known)}",
-        )
+    """Data locations must be known: a catalog location, an inventory site, or a region of a known cloud
+    that the region tables recognise. (Accelerator names are checked by the spec parser; one that no offer
+    carries simply rejects every offer with ``AcceleratorMismatch``.)"""
     for i, d in enumerate(request.data):
-        if not any(p.has_location(d.location) for p in parts) and d.location not in egress.sites:
-            raise SpecError(
-                f"spec.data[{i}].location",
-                f"location {d.location!r} is not in the catalog or the on-prem inventory. "
-                "To fix: use provider:region of a known region (e.g. aws:us-east-1)",
-            )
+        if any(p.has_location(d.location) for p in parts) or d.location in egress.sites:
+            continue
+        provider, _, region = d.location.partition(":")
+        if provider in egress.config.get("providers", {}) and continent_of(provider, region):
+            continue
+        raise SpecError(
+            f"spec.data[{i}].location",
+            f"location {d.location!r} is not in the catalog or the on-prem inventory. "
+            "To fix: use provider:region of a known region (e.g. aws:us-east-1) or an inventory site",
+        )
     if request.nodes < 1 or request.duration_hours < 0:
         raise SpecError("spec", "nodes must be >= 1 and durationHours >= 0")
 
@@ -159,8 +161,8 @@ def place(
 
     ``now`` (UTC, default the current time) and ``wait_hours`` (predicted queue wait) judge the deadline.
     ``placement`` is ``None`` when nothing is feasible; ``rejected`` then says why, per reason constant.
-    Raises :class:`SpecError` when the request names an accelerator no offer carries or a data location
-    that neither the catalog nor the inventory knows. Pure: reads its arguments only.
+    Raises :class:`SpecError` (field ``spec.data[i].location``) for a data location that neither the
+    catalog, the inventory nor the region tables know. Pure: reads its arguments only.
     """
     now = now or datetime.now(UTC)
     ctx = Context(now=now, wait_hours=wait_hours)

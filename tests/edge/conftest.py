@@ -200,7 +200,9 @@ def enroll_agent(state_dir: Path, api: ApiServer, store: Any, mosquitto: Mosquit
     from edge.agent.enroll import enroll
 
     c = enroll(api.url, new_token(store), state_dir, device_id=device_id, mqtt=f"127.0.0.1:{mosquitto.port}")
-    c = dataclasses.replace(c, heartbeat_seconds=cfg.pop("heartbeat_seconds", 2.0), **cfg)
+    cfg.setdefault("heartbeat_seconds", 2.0)
+    cfg.setdefault("retransmit_seconds", 2.0)
+    c = dataclasses.replace(c, **cfg)
     c.save()
     return c
 

@@ -22,6 +22,8 @@ from .faultproxy import FaultProxy, ec2_action, ec2_error, throttle
 pytestmark = pytest.mark.network
 REGIONS = ["us-east-1", "eu-west-1"]
 
+DEFAULT_RETRY = RetryPolicy()
+
 
 @pytest.fixture
 def aws(ec2_faults: FaultProxy, fixture_http: str) -> Iterator[AwsProvider]:
@@ -85,7 +87,7 @@ def test_round_trip_launch_list_terminate(aws: AwsProvider, moto_endpoint: str) 
     assert {i.state for i in aws.instances({TAG_JOB: "job-rt"})} == {InstanceState.TERMINATED}
 
 
-def _provision(aws: AwsProvider, options, retry=RetryPolicy(), clock=None):
+def _provision(aws: AwsProvider, options, retry=DEFAULT_RETRY, clock=None):
     req = f"req-{uuid.uuid4().hex[:8]}"
     clock = clock or ManualClock()
     out = provision(options, lambda name: aws, request_id=req, tags={TAG_JOB: "job-f"}, job=None,

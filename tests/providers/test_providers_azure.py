@@ -23,6 +23,8 @@ from .faultproxy import FaultProxy, arm_error, request, throttle
 
 pytestmark = pytest.mark.network
 
+DEFAULT_RETRY = RetryPolicy()
+
 
 @pytest.fixture
 def azure(arm_faults: FaultProxy, pki) -> Iterator[AzureProvider]:
@@ -75,7 +77,7 @@ EAST = make_option("azure", "eastus", "Standard_D2s_v5", 0.096)
 WEST = make_option("azure", "westeurope", "Standard_D2s_v5", 0.1056)
 
 
-def _provision(azure: AzureProvider, options, retry=RetryPolicy()):
+def _provision(azure: AzureProvider, options, retry=DEFAULT_RETRY):
     req = f"req-{uuid.uuid4().hex[:8]}"
     clock = ManualClock()
     out = provision(options, lambda name: azure, request_id=req, tags={TAG_JOB: "job-f"}, job=None,

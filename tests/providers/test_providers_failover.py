@@ -20,8 +20,10 @@ A1B = make_option("a", "r1", "t.big")
 A2 = make_option("a", "r2", "t.small")
 B1 = make_option("b", "r1", "t.small")
 
+DEFAULT_RETRY = RetryPolicy()
 
-def run(providers: dict[str, FakeProvider], options, retry=RetryPolicy(), clock=None, blocklist=None, **kw):
+
+def run(providers: dict[str, FakeProvider], options, retry=DEFAULT_RETRY, clock=None, blocklist=None, **kw):
     clock = clock or ManualClock()
     out = provision(
         options,

@@ -1,0 +1,261 @@
+"""The scheduler cycle and job lifecycle, on SQLite and PostgreSQL, with a manual clock and real providers
+(the on-prem pool runs commands for real; ``aws`` is the in-memory FakeProvider or the dry-run provider)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from broker.clock import ManualClock
+from broker.errors import CapacityError, TransientError
+from broker.lifecycle import submit_jobs
+from broker.model import InstanceState, JobState
+from broker.spec import parse_job_spec
+from broker.store import JobRow
+from providers.dryrun import DryRunProvider
+from providers.fake import FakeProvider
+from providers.onprem import OnPremPool
+from tests.broker.service_support import ADMIN_H, job_doc, make_app, serve_in_thread
+
+NS = "default"
+
+
+class Harness:
+    """An app with a manual clock, its providers, and helpers to submit and inspect jobs."""
+
+    def __init__(self, tmp_path: Path, store_url: str, aws: Any = None) -> None:
+        import pricing
+
+        self.clock = ManualClock()
+        inventory = pricing.load_inventory(tmp_path / "inventory.yaml") if (tmp_path / "inventory.yaml").exists() \
+            else None
+        from tests.broker.service_support import write_inventory
+
+        inventory = pricing.load_inventory(write_inventory(tmp_path))
+        self.pool = OnPremPool(inventory, tmp_path / "data", clock=self.clock, grace_seconds=1.0)
+        self.aws = aws if aws is not None else FakeProvider("aws")
+        self.app = make_app(tmp_path, store_url, providers={"onprem": self.pool, "aws": self.aws}, clock=self.clock)
+        self.hb = self.app.state.hb
+        self.scheduler = self.hb.scheduler
+
+    def submit(self, *docs: dict[str, Any]) -> list[str]:
+        specs = [parse_job_spec(d, now=self.clock.now()) for d in docs]
+        with self.hb.store.tx() as session:
+            jobs = submit_jobs(session, NS, specs, now=self.clock.now(),
+                               spec_docs=[json.dumps(s.raw) for s in specs])
+        return [j["id"] for j in jobs]
+
+    def job(self, job_id: str) -> JobRow:
+        with self.hb.store.read() as session:
+            row = session.get(JobRow, job_id)
+            assert row is not None
+            return row
+
+    def detail(self, job_id: str) -> dict[str, Any]:
+        from broker.api import job_detail
+
+        with self.hb.store.read() as session:
+            return job_detail(session, self.job(job_id))
+
+    def path(self, job_id: str) -> list[str]:
+        return [e["to"] for e in self.detail(job_id)["events"] if e["from"] != e["to"]]
+
+    def until(self, job_ids: list[str], states: set[str], seconds: float = 20.0) -> None:
+        """Run cycles (real time passes for on-prem runs) until every job is in one of ``states``."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.scheduler.run_cycle()
+            if all(self.job(j).state in states for j in job_ids):
+                return
+            time.sleep(0.05)
+        raise AssertionError({j: self.job(j).state for j in job_ids})
+
+    def stop_runs(self) -> None:
+        live = [i.id for i in self.pool.instances() if i.state is InstanceState.RUNNING]
+        if live:
+            self.pool.terminate(live, "test-cleanup")
+        self.hb.store.dispose()
+
+
+@pytest.fixture
+def h(tmp_path: Path, store_url: str) -> Iterator[Harness]:
+    harness = Harness(tmp_path, store_url)
+    yield harness
+    harness.stop_runs()
+
+
+def test_on_prem_first_while_it_has_room_then_burst_to_the_cheapest_cloud(h: Harness) -> None:
+    ids = h.submit(*[job_doc(f"s-{i}", command=["sleep", "30"], hours=1) for i in range(3)])
+    report = h.scheduler.run_cycle()
+    assert (report.heads, report.placed, report.provisioned) == (3, 3, 3)
+    providers = [h.job(i).provider for i in ids]
+    assert providers == ["onprem", "onprem", "aws"], "the 2-vCPU host takes two 1-vCPU jobs, the third bursts"
+    for i in ids:
+        assert h.job(i).state == "RUNNING"
+        assert h.path(i) == ["PENDING", "PLACED", "PROVISIONING", "RUNNING"]
+    burst = h.detail(ids[2])
+    assert burst["placement"]["provider"] == "aws" and burst["placement"]["total_usd"] > 0
+    assert "burst" in next(e["reason"] for e in burst["events"] if e["to"] == "PLACED")
+    assert [a["outcome"] for a in burst["attempts"]] == ["launched"]
+
+
+def test_an_on_prem_job_runs_for_real_and_its_logs_are_kept(h: Harness) -> None:
+    (job_id,) = h.submit(job_doc("echo", command=["sh", "-c", "echo hello-from-job"], providers=["onprem"]))
+    h.until([job_id], {"SUCCEEDED", "FAILED"})
+    row = h.job(job_id)
+    assert (row.state, row.exit_code, row.provider) == ("SUCCEEDED", 0, "onprem")
+    out, _ = h.pool.logs(json.loads(row.instances_json or "[]")[0]["id"])
+    assert out.read_text() == "hello-from-job\n"
+
+
+def test_a_failing_run_is_retried_with_backoff_then_fails(h: Harness) -> None:
+    (job_id,) = h.submit(job_doc("boom", command=["sh", "-c", "exit 3"], providers=["onprem"],
+                                 retry={"backoffLimit": 1, "retryDelaySeconds": 30, "maxRetryDelaySeconds": 60}))
+    h.until([job_id], {"BACKOFF"})
+    row = h.job(job_id)
+    assert row.retries == 1 and row.exit_code == 3 and row.not_before is not None
+    h.scheduler.run_cycle()
+    assert h.job(job_id).state == "BACKOFF", "the delay has not passed on the clock yet"
+    h.clock.advance(31)
+    h.until([job_id], {"FAILED"})
+    assert h.path(job_id) == ["PENDING", "PLACED", "PROVISIONING", "RUNNING", "BACKOFF", "PENDING", "PLACED",
+                              "PROVISIONING", "RUNNING", "FAILED"]
+
+
+def test_a_capacity_error_fails_over_to_the_next_alternative(tmp_path: Path, store_url: str) -> None:
+    h = Harness(tmp_path, store_url, aws=FakeProvider("aws", fail=[CapacityError("no m5 left")]))
+    try:
+        (job_id,) = h.submit(job_doc("fo", cpu="4", memory="8Gi", providers=["aws"]))
+        h.scheduler.run_cycle()
+        d = h.detail(job_id)
+        assert d["state"] == "RUNNING"
+        assert [a["outcome"] for a in d["attempts"]] == ["capacity", "launched"]
+        first, second = d["attempts"]
+        assert (first["instance_type"], first["region"]) != (second["instance_type"], second["region"])
+        assert d["placement"]["instance_type"] == second["instance_type"], "placement shows what really runs"
+    finally:
+        h.stop_runs()
+
+
+def test_transient_provider_errors_back_off_then_retry_until_the_limit(tmp_path: Path, store_url: str) -> None:
+    h = Harness(tmp_path, store_url, aws=FakeProvider("aws", fail=lambda *a: TransientError("throttled")))
+    try:
+        (job_id,) = h.submit(job_doc("tr", providers=["aws"],
+                                     retry={"backoffLimit": 1, "retryDelaySeconds": 10, "maxRetryDelaySeconds": 10}))
+        h.scheduler.run_cycle()
+        assert h.job(job_id).state == "BACKOFF"
+        h.clock.advance(11)
+        h.scheduler.run_cycle()  # requeued at the end of this cycle
+        h.scheduler.run_cycle()  # placed again, fails again, out of retries
+        assert h.job(job_id).state == "FAILED"
+        assert "throttled" in (h.job(job_id).message or "")
+    finally:
+        h.stop_runs()
+
+
+def test_an_admission_check_holds_a_job_with_its_reason(h: Harness) -> None:
+    (job_id,) = h.submit(job_doc("held", providers=["aws"]))
+    h.scheduler.admission_checks.append(lambda job, snap: "quota exceeded: cpu 8/8")
+    h.scheduler.run_cycle()
+    h.scheduler.run_cycle()
+    d = h.detail(job_id)
+    assert d["state"] == "PENDING" and d["held_reason"] == "quota exceeded: cpu 8/8"
+    assert [e["reason"] for e in d["events"]].count("held: quota exceeded: cpu 8/8") == 1, "one note per reason"
+    h.scheduler.admission_checks.clear()
+    h.scheduler.run_cycle()
+    assert h.job(job_id).state == "RUNNING" and h.job(job_id).held_reason is None
+
+
+def test_an_on_prem_only_job_waits_while_on_prem_is_full(h: Harness) -> None:
+    ids = h.submit(*[job_doc(f"w-{i}", command=["sleep", "30"], providers=["onprem"]) for i in range(3)])
+    h.scheduler.run_cycle()
+    assert [h.job(i).state for i in ids] == ["RUNNING", "RUNNING", "PENDING"]
+    assert h.job(ids[2]).held_reason == "waiting for on-prem capacity"
+
+
+def test_a_job_nothing_can_run_fails_with_the_reasons(h: Harness) -> None:
+    (job_id,) = h.submit(job_doc("huge", cpu="4000", memory="16Gi", providers=["aws"]))
+    h.scheduler.run_cycle()
+    row = h.job(job_id)
+    assert row.state == "FAILED" and "no feasible placement" in (row.message or "")
+
+
+def test_priority_orders_the_queue(h: Harness) -> None:
+    low = h.submit(job_doc("low", command=["sleep", "30"], providers=["onprem"], cpu="2"))
+    high = h.submit(job_doc("high", command=["sleep", "30"], providers=["onprem"], cpu="2", priority=100))
+    h.scheduler.run_cycle()
+    assert (h.job(high[0]).state, h.job(low[0]).state) == ("RUNNING", "PENDING")
+
+
+def test_dry_run_clouds_finish_after_the_estimate_on_the_clock(tmp_path: Path, store_url: str) -> None:
+    clock_holder: dict[str, Any] = {}
+    h = Harness(tmp_path, store_url, aws=None)
+    h.aws = DryRunProvider("aws", clock=h.clock)
+    h.hb.providers["aws"] = h.aws
+    clock_holder["c"] = h.clock
+    try:
+        (job_id,) = h.submit(job_doc("dry", providers=["aws"], hours=2))
+        h.scheduler.run_cycle()
+        row = h.job(job_id)
+        assert (row.state, row.dry_run) == ("RUNNING", True)
+        h.clock.advance(3600)
+        h.scheduler.run_cycle()
+        assert h.job(job_id).state == "RUNNING"
+        h.clock.advance(3601)
+        h.scheduler.run_cycle()
+        assert h.job(job_id).state == "SUCCEEDED"
+        assert "[dry-run]" in next(e["reason"] for e in h.detail(job_id)["events"] if e["to"] == "RUNNING")
+    finally:
+        h.stop_runs()
+
+
+def test_restart_reconciles_instances_by_tag(tmp_path: Path, store_url: str) -> None:
+    from broker.model import Capacity, InstanceType, Location, Offer
+
+    first = Harness(tmp_path, store_url)
+    a, b = first.submit(job_doc("a", providers=["aws"]), job_doc("b", providers=["aws"]))
+    first.scheduler.run_cycle()
+    assert first.job(a).state == first.job(b).state == "RUNNING"
+    with first.hb.store.tx() as session:  # as if the broker died after launching a, before recording it
+        session.connection().execute(sa.update(JobRow.__table__).where(JobRow.__table__.c.id == a)  # type: ignore[attr-defined]
+                                     .values(state="PROVISIONING", instances_json=None))
+    first.stop_runs()
+
+    survivor = FakeProvider("aws")  # what the cloud still has after the restart
+    offer = Offer(InstanceType("m5.large", 2, 8), Location("aws", "us-east-1"), Capacity.ON_DEMAND, 0.1)
+    kept = survivor.launch(offer, 1, f"{a}-r0", tags={"hb-job": a})
+    orphan = survivor.launch(offer, 1, "gone-r0", tags={"hb-job": "j-never-recorded"})
+    second = Harness(tmp_path, store_url, aws=survivor)
+    try:
+        counts = second.scheduler.reconcile()
+        assert counts == {"adopted": 1, "requeued": 1, "terminated": 1}
+        assert second.job(a).state == "RUNNING" and kept[0].id in (second.job(a).instances_json or "")
+        assert second.job(b).state == "BACKOFF", "b's instance is gone: it is requeued, not lost"
+        assert survivor.terminated == [orphan[0].id]
+        second.scheduler.run_cycle()
+        second.scheduler.run_cycle()
+        assert second.job(b).state == "RUNNING", "the scheduler resumes b"
+    finally:
+        second.stop_runs()
+
+
+def test_cancel_over_http_terminates_what_runs(tmp_path: Path, store_url: str) -> None:
+    h = Harness(tmp_path, store_url)
+    try:
+        (job_id,) = h.submit(job_doc("c", providers=["aws"]))
+        h.scheduler.run_cycle()
+        (inst,) = h.aws.running()
+        with serve_in_thread(h.app) as url:
+            r = httpx.delete(f"{url}/v1/namespaces/{NS}/jobs/{job_id}", headers=ADMIN_H)
+        assert r.status_code == 200 and r.json()["state"] == "CANCELLED"
+        assert h.aws.terminated == [inst.id] and h.aws.running() == []
+        assert h.path(job_id)[-1] == JobState.CANCELLED.value
+    finally:
+        h.stop_runs()
