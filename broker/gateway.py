@@ -5,7 +5,8 @@
 * Every uplink is checked (:mod:`edge.protocol`): size, shape, sender = certificate identity (Mosquitto's
   ACL pins a device to ``hb/v1/dev/<CN>/``, so the topic's device is the authenticated one) = envelope
   device, device known and not revoked, certificate unexpired, signature by the device's registered key,
-  timestamp within the window, duplicate id (dropped and re-acknowledged), sequence strictly increasing.
+  timestamp within the window, duplicate id (dropped and re-acknowledged), sequence contiguous (a lower
+  seq is a replay; a higher one is a gap: refused, and the ack tells the agent which seq it expects).
   Rejections are counted by reason (:attr:`Gateway.rejections`, and ``hb_edge_rejected_total`` when
   prometheus-client is installed), logged, and never affect other devices.
 * Accepted messages are written idempotently (``edge_uplinks`` keyed by device and message id) in one
@@ -17,9 +18,10 @@
 Sink states: ``RUNNING``, ``SUCCEEDED``, ``FAILED``, ``CANCELLED``, ``LOST`` (device offline too long or
 task expired undelivered) and ``REFUSED`` (the device refused it, e.g. expired): re-place on the last two.
 
-Design choice: with several replicas one device's messages may be processed by two replicas at once; the
-sequence check is then done against the store's ``last_seq`` and a message that loses the race is not
-acknowledged, so the agent re-sends it (it is never stored twice).
+Design choice: exactly once and in order come from the agent's durable outbox (go-back-N on a gap) plus
+contiguous sequence numbers checked against the store's ``last_seq`` — not from MQTT sessions, which
+Mosquitto 2.0.11 loses on restart for v5 clients. With several replicas, one device's messages may be
+split between them; a message processed out of turn is refused as a gap and re-sent (correct, slower).
 """
 
 from __future__ import annotations
@@ -169,7 +171,7 @@ class Gateway:
         c.tls_set(ca_certs=ca_file, certfile=cert_file, keyfile=key_file, tls_version=ssl.PROTOCOL_TLS_CLIENT)
         c.max_inflight_messages_set(200)
         c.max_queued_messages_set(0)
-        c.reconnect_delay_set(1, 4)
+        c.reconnect_delay_set(1, 2)
         c.on_connect = self._on_connect
         c.on_disconnect = lambda *_a: self._connected.clear()
         c.on_message = lambda _c, _u, m: self._inbox.put((m.topic, bytes(m.payload)))
@@ -313,7 +315,7 @@ class Gateway:
         if not parsed:
             return 0
         acks: dict[str, list[str]] = {}
-        requeue: dict[str, list[str]] = {}
+        expect: dict[str, int] = {}
         effects: list[tuple[str, str, int | None, dict[str, Any]]] = []
         redispatch: dict[str, list[dict[str, Any]]] = {}
         stored = 0
@@ -347,13 +349,15 @@ class Gateway:
                         acks.setdefault(d, []).append(env.id)
                         raise protocol.Rejected(protocol.DUPLICATE, f"id {env.id}")
                     if env.seq <= dev.last_seq:
-                        # An id never stored but an old seq: a message overtaken by newer ones (lost in the
-                        # MQTT broker and re-sent, or a replica race). Refuse it and ask for a new seq.
-                        requeue.setdefault(d, []).append(env.id)
                         raise protocol.Rejected(protocol.REPLAY, f"seq {env.seq} <= {dev.last_seq}")
+                    if env.seq != dev.last_seq + 1:
+                        # Uplink seqs are contiguous: something before this one was lost on the way (e.g.
+                        # published while no gateway was subscribed). Refuse; the agent goes back and re-sends.
+                        expect[d] = dev.last_seq + 1
+                        raise protocol.Rejected(protocol.GAP, f"seq {env.seq}, expected {dev.last_seq + 1}")
                 except protocol.Rejected as rej:
-                    if rej.reason == protocol.DUPLICATE:
-                        self.rejections.add(rej.reason)  # a redelivery: counted, not worth a warning
+                    if rej.reason in (protocol.DUPLICATE, protocol.GAP):
+                        self.rejections.add(rej.reason)  # redelivery / loss upstream: counted, not a threat
                     else:
                         self._reject(rej.reason, topic, rej.detail)
                     continue
@@ -377,12 +381,12 @@ class Gateway:
         if p:
             for k, n in kinds.items():
                 p[1].labels(kind=k).inc(n)
-        for d in set(acks) | set(requeue):
-            ids, again = acks.get(d, []), requeue.get(d, [])
-            for i in range(0, max(len(ids), len(again)), 1000):
+        for d in set(acks) | set(expect):
+            ids = acks.get(d, [])
+            for i in range(0, max(len(ids), 1), 1000):
                 body: dict[str, Any] = {"ids": ids[i:i + 1000]}
-                if again[i:i + 1000]:
-                    body["requeue"] = again[i:i + 1000]
+                if d in expect and i == 0:
+                    body["expect"] = expect[d]
                 self.send(d, "ack", body)
         for d, bodies in redispatch.items():
             for b in bodies:

@@ -423,13 +423,18 @@ class Scheduler:
         enabled = set(self.state.providers)
         request = job.request
         allowed = tuple(p for p in (request.providers or tuple(enabled)) if p in enabled)
-        restricted = dataclasses.replace(request, providers=tuple(sorted(allowed)))
-        result = cache.get(restricted)
+        # Jobs asking the same thing get the same placement within a cycle (placement is pure): the cache
+        # key is the request without its name.
+        key = dataclasses.replace(request, name="", providers=tuple(sorted(allowed)))
+        result = cache.get(key)
+        t0 = time.perf_counter()
         if result is None:
-            t0 = time.perf_counter()
-            result = self.state.place(restricted, now=snapshot.now, extra_offers=snapshot.extra_offers, top=8)
-            self.metrics.placement_latency.observe(time.perf_counter() - t0)
-            cache[restricted] = result
+            result = self.state.place(dataclasses.replace(key, name=request.name), now=snapshot.now,
+                                      extra_offers=snapshot.extra_offers, top=8)
+            cache[key] = result
+        elif result.job != request.name:
+            result = dataclasses.replace(result, job=request.name)
+        self.metrics.placement_latency.observe(time.perf_counter() - t0)
         ranked: list[PlacementOption] = []
         seen: set[tuple[str, str, str, str]] = set()
         for opt in ([result.placement] if result.placement else []) + list(result.alternatives):

@@ -8,8 +8,10 @@ Topics: ``hb/v1/dev/{device}/up/{kind}`` (device -> broker) and ``hb/v1/dev/{dev
 
 ``canonical`` is sorted-key compact JSON in UTF-8. Uplinks are signed with the device key (the key of
 its client certificate), downlinks with the gateway key. ``device`` is the device the message is from
-(up) or for (down). ``seq`` grows strictly per sender; ``ts`` is the time of sending (a re-send from
-a durable outbox is re-signed with a fresh ``ts`` but keeps ``id`` and ``seq``).
+(up) or for (down). ``seq`` grows strictly per sender; uplink seqs are contiguous per device (0, 1, 2,
+...), so the gateway tells a gap (a loss on the way: ``gap``, re-sent by the agent) from a replay.
+``ts`` is the time of sending (a re-send from a durable outbox is re-signed with a fresh ``ts`` but keeps
+``id`` and ``seq``).
 
 Receivers use :func:`open_envelope` (size, shape, version) then :class:`Verifier` (identity,
 signature, time window, sequence, duplicates). Every rejection raises :class:`Rejected` with a
@@ -72,8 +74,9 @@ SIGNATURE = "bad_signature"
 STALE = "stale"
 REPLAY = "replay"
 DUPLICATE = "duplicate"
+GAP = "gap"  # uplink seq skipped ahead (messages lost on the way): refused, the agent goes back and re-sends
 REASONS = (OVERSIZE, MALFORMED, VERSION_MISMATCH, UNKNOWN_SENDER, REVOKED, IDENTITY, SIGNATURE, STALE,
-           REPLAY, DUPLICATE)
+           REPLAY, DUPLICATE, GAP)
 
 
 def now_ms() -> int:

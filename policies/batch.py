@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -36,12 +37,14 @@ __all__ = [
     "candidates_from_options",
     "default_penalty",
     "solve_heuristic",
+    "solve_lp_round",
     "solve_exact",
     "evaluate",
     "gap",
 ]
 
 _EPS = 1e-9
+_DEBUG = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,15 +269,75 @@ class _State:
                 break
 
 
+    def place_unplaced(self, max_scan: int) -> None:
+        """Give unplaced jobs a place by moving others: one job ``k`` out of a candidate's pool to ``k``'s
+        alternative with room, or, failing that, a chain of two moves (``k`` to a full pool from which a
+        third job ``m`` moves on to room elsewhere). Only moves that lower the objective are made."""
+        cost, cpu, gpu, pool = self.cost, self.cpu, self.gpu, self.pool
+
+        def frees(p: int, c: int, k: int) -> bool:
+            ck = self.choice[k]
+            return cpu[c] <= self.left_cpu[p] + cpu[ck] + _EPS and gpu[c] <= self.left_gpu[p] + gpu[ck] + _EPS
+
+        for j in range(self.n):
+            if self.choice[j] >= 0:
+                continue
+            done = False
+            for c in self.by_cost[j]:
+                if self.fits(c):
+                    self.move(j, c)
+                    break
+                p = pool[c]
+                for scanned, k in enumerate(list(self.members.get(p, ()))):
+                    if scanned >= max_scan or done:
+                        break
+                    if not frees(p, c, k):
+                        continue
+                    ck = self.choice[k]
+                    for alt in self.by_cost[k]:
+                        q = pool[alt]
+                        if q == p:
+                            continue
+                        if self.fits(alt):
+                            if cost[c] + cost[alt] - cost[ck] < self.penalty:
+                                self.move(k, alt)
+                                self.move(j, c)
+                                done = True
+                            break
+                        for scanned2, m in enumerate(list(self.members.get(q, ()))):
+                            if scanned2 >= max_scan or done:
+                                break
+                            if m in (j, k) or not frees(q, alt, m):
+                                continue
+                            cm = self.choice[m]
+                            for alt2 in self.by_cost[m]:
+                                if pool[alt2] in (p, q) or not self.fits(alt2):
+                                    continue
+                                gain = cost[c] + cost[alt] - cost[ck] + cost[alt2] - cost[cm]
+                                if gain < self.penalty:
+                                    self.move(m, alt2)
+                                    self.move(k, alt)
+                                    self.move(j, c)
+                                    done = True
+                                break
+                        if done:
+                            break
+                if done:
+                    break
+
+
 def solve_heuristic(
     jobs: Sequence[BatchJob],
     capacity: Mapping[str, PoolCapacity],
     *,
     penalty_usd: float | None = None,
-    iterations: int = 40,
-    repair_every: int = 8,
+    iterations: int = 150,
+    repair_every: int = 25,
+    stall_limit: int = 8,
+    theta0: float = 0.2,
     max_passes: int = 8,
     max_scan: int = 64,
+    polish: int = 2,
 ) -> BatchResult:
     """Lagrangian-priced greedy plus local search. Deterministic; pools missing from ``capacity`` are
     unlimited.
@@ -312,17 +375,12 @@ def solve_heuristic(
         cand = [flat[arr.start[j] : arr.start[j + 1]] for j in range(n)]
         return job_order, cand
 
-    best_choice: list[int] | None = None
-    best_obj = math.inf
+    greedy_results: list[tuple[float, list[int], list[int]]] = []
 
     def attempt(rc: np.ndarray, skip: list[bool] | None) -> None:
-        nonlocal best_choice, best_obj
         job_order, cand = order_and_rank(rc)
         st.greedy(job_order, cand, skip)
-        st.local_search(job_order, max_passes, max_scan)
-        obj = st.objective()
-        if obj < best_obj - 1e-9:
-            best_obj, best_choice = obj, list(st.choice)
+        greedy_results.append((st.objective(), list(st.choice), job_order))
 
     attempt(arr.cost, None)
     finite_c = np.isfinite(arr.cap_cpu)
@@ -331,29 +389,32 @@ def solve_heuristic(
     cap_g = np.where(finite_g, arr.cap_gpu, 0.0)
     lam_c = np.zeros(len(arr.pools))
     lam_g = np.zeros(len(arr.pools))
-    theta = 1.0
+    theta = theta0
     best_bound = -math.inf
+    best_lam = (lam_c, lam_g)
     stall = 0
     seg = arr.start[:-1][has]
+    idx = np.arange(len(arr.cost))
     for it in range(1, iterations + 1):
         rc = arr.cost + lam_c[arr.pool] * arr.cpu + lam_g[arr.pool] * arr.gpu
         mins = np.full(n, penalty)
-        if len(rc):
-            mins[has] = np.minimum(np.minimum.reduceat(rc, seg), penalty)
-        bound = float(mins.sum() - lam_c @ cap_c - lam_g @ cap_g)
-        if bound > best_bound + 1e-9:
-            best_bound, stall = bound, 0
-        else:
-            stall += 1
-            if stall >= 3:
-                theta, stall = theta / 2, 0
-        # the relaxed choice of each job: its cheapest reduced-cost candidate, if below the penalty
         chosen_mask = np.zeros(len(rc), dtype=bool)
         if len(rc):
-            srt = np.lexsort((rc, job_of))
-            heads = srt[arr.start[:-1][has]]
-            take = rc[heads] < penalty
-            chosen_mask[heads[take]] = True
+            seg_min = np.minimum.reduceat(rc, seg)
+            mins[has] = np.minimum(seg_min, penalty)
+            # the relaxed choice of each job: the first candidate at its segment minimum, if below the penalty
+            at_min = np.flatnonzero(rc <= mins[job_of] + 1e-12)
+            first = at_min[np.r_[True, job_of[at_min][1:] != job_of[at_min][:-1]]]
+            chosen_mask[first[rc[first] < penalty]] = True
+        bound = float(mins.sum() - lam_c @ cap_c - lam_g @ cap_g)
+        if _DEBUG:
+            print(it, bound, theta, float(lam_c.max()), float(lam_g.max()))
+        if bound > best_bound + 1e-9:
+            best_bound, best_lam, stall = bound, (lam_c, lam_g), 0
+        else:
+            stall += 1
+            if stall >= stall_limit:
+                theta, stall = theta / 2, 0
         use_c = np.bincount(arr.pool[chosen_mask], weights=arr.cpu[chosen_mask], minlength=len(arr.pools))
         use_g = np.bincount(arr.pool[chosen_mask], weights=arr.gpu[chosen_mask], minlength=len(arr.pools))
         g_c = np.where(finite_c, use_c - cap_c, 0.0)
@@ -364,33 +425,35 @@ def solve_heuristic(
         if norm <= 1e-12:
             attempt(rc, None)
             break
+        best_obj = min(r[0] for r in greedy_results)
         step = theta * max(best_obj - bound, 1e-6 * max(1.0, abs(best_obj))) / norm
         lam_c = np.maximum(0.0, lam_c + step * g_c)
         lam_g = np.maximum(0.0, lam_g + step * g_g)
-        if it % repair_every == 0 or it == iterations:
+        if it % repair_every == 0:
             attempt(rc, None)
+    attempt(arr.cost + best_lam[0][arr.pool] * arr.cpu + best_lam[1][arr.pool] * arr.gpu, None)
+    del idx
+    best_choice: list[int] | None = None
+    best_obj = math.inf
+    for _, choice, job_order in sorted(greedy_results, key=lambda r: r[0])[:polish]:
+        st.reset()
+        for j, c in enumerate(choice):
+            if c >= 0:
+                st.move(j, c)
+        st.place_unplaced(max_scan)
+        st.local_search(job_order, max_passes, max_scan)
+        st.place_unplaced(max_scan)
+        obj = st.objective()
+        if obj < best_obj - 1e-9:
+            best_obj, best_choice = obj, list(st.choice)
     assert best_choice is not None
-    result = _finish(jobs, arr, best_choice, penalty, "heuristic", t0, lower_bound_usd=max(best_bound, 0.0))
-    return result
+    return _finish(jobs, arr, best_choice, penalty, "heuristic", t0, lower_bound_usd=max(best_bound, 0.0))
 
 
-def solve_exact(
-    jobs: Sequence[BatchJob],
-    capacity: Mapping[str, PoolCapacity],
-    *,
-    penalty_usd: float | None = None,
-    time_limit_seconds: float = 60.0,
-    mip_rel_gap: float = 1e-6,
-    threads: int = 1,
-) -> BatchResult:
-    """Solve the mixed-integer model with HiGHS. ``status`` is ``optimal`` or ``time_limit`` (then the
-    best solution found, with ``gap`` from the dual bound); ``RuntimeError`` when HiGHS found no solution."""
+def _model(arr: _Arrays, n: int, penalty: float, *, integer: bool) -> tuple[Any, np.ndarray]:
+    """The HiGHS model (columns: candidates, then one unplaced slack per job) and each candidate's job."""
     import highspy
 
-    t0 = time.perf_counter()
-    penalty = default_penalty(jobs) if penalty_usd is None else penalty_usd
-    arr = _Arrays(jobs, capacity)
-    n = len(jobs)
     nc = len(arr.cost)
     finite_cpu = np.isfinite(arr.cap_cpu) & (np.bincount(arr.pool, weights=arr.cpu, minlength=len(arr.pools))
                                              > arr.cap_cpu + _EPS)
@@ -398,15 +461,11 @@ def solve_exact(
                                              > arr.cap_gpu + _EPS)
     cpu_row = np.full(len(arr.pools), -1, dtype=np.int64)
     gpu_row = np.full(len(arr.pools), -1, dtype=np.int64)
-    rows = n
-    for i in np.flatnonzero(finite_cpu):
-        cpu_row[i] = rows
-        rows += 1
-    for i in np.flatnonzero(finite_gpu):
-        gpu_row[i] = rows
-        rows += 1
+    n_cpu, n_gpu = int(finite_cpu.sum()), int(finite_gpu.sum())
+    cpu_row[finite_cpu] = n + np.arange(n_cpu)
+    gpu_row[finite_gpu] = n + n_cpu + np.arange(n_gpu)
+    rows = n + n_cpu + n_gpu
     job_of = np.repeat(np.arange(n), np.diff(arr.start))
-    # columns: candidates (binary), then one unplaced slack per job
     c_cpu_row = cpu_row[arr.pool]
     c_gpu_row = gpu_row[arr.pool]
     has_cpu = (c_cpu_row >= 0) & (arr.cpu > 0)
@@ -439,10 +498,8 @@ def solve_exact(
     row_upper = np.ones(rows)
     row_lower = np.full(rows, -highspy.kHighsInf)
     row_lower[:n] = 1.0
-    for i in np.flatnonzero(finite_cpu):
-        row_upper[cpu_row[i]] = arr.cap_cpu[i]
-    for i in np.flatnonzero(finite_gpu):
-        row_upper[gpu_row[i]] = arr.cap_gpu[i]
+    row_upper[cpu_row[finite_cpu]] = arr.cap_cpu[finite_cpu]
+    row_upper[gpu_row[finite_gpu]] = arr.cap_gpu[finite_gpu]
     lp.row_lower_ = row_lower
     lp.row_upper_ = row_upper
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
@@ -451,7 +508,13 @@ def solve_exact(
     lp.a_matrix_.value_ = value
     lp.a_matrix_.num_col_ = nc + n
     lp.a_matrix_.num_row_ = rows
-    lp.integrality_ = [highspy.HighsVarType.kInteger] * nc + [highspy.HighsVarType.kContinuous] * n
+    if integer:
+        lp.integrality_ = [highspy.HighsVarType.kInteger] * nc + [highspy.HighsVarType.kContinuous] * n
+    return lp, job_of
+
+
+def _highs(lp: Any, *, time_limit_seconds: float, threads: int, mip_rel_gap: float = 1e-6) -> Any:
+    import highspy
 
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
@@ -460,14 +523,90 @@ def solve_exact(
     h.setOptionValue("threads", int(threads))
     h.passModel(lp)
     h.run()
+    return h
+
+
+def solve_lp_round(
+    jobs: Sequence[BatchJob],
+    capacity: Mapping[str, PoolCapacity],
+    *,
+    penalty_usd: float | None = None,
+    max_passes: int = 2,
+    max_scan: int = 32,
+) -> BatchResult:
+    """LP relaxation (HiGHS simplex) rounded to an assignment; the LP optimum is reported as
+    ``lower_bound_usd``, so ``gap`` bounds how far from optimal the answer can be.
+
+    Design choice: a basic optimal solution of this LP has at most one fractional job per capacity row
+    (pool x resource), so nearly every job is already integral; only those few are rounded (largest LP
+    weight first, then cheapest with room) and polished with a short local search.
+    """
+    import highspy
+
+    t0 = time.perf_counter()
+    penalty = default_penalty(jobs) if penalty_usd is None else penalty_usd
+    arr = _Arrays(jobs, capacity)
+    n = len(jobs)
+    if n == 0:
+        return _finish(jobs, arr, [], penalty, "lp-round", t0)
+    lp, job_of = _model(arr, n, penalty, integer=False)
+    h = _highs(lp, time_limit_seconds=60.0, threads=1)
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return solve_heuristic(jobs, capacity, penalty_usd=penalty)
+    nc = len(arr.cost)
+    x = np.asarray(h.getSolution().col_value)[:nc]
+    bound = float(h.getInfo().objective_function_value)
+    st = _State(arr, n, penalty)
+    integral = np.flatnonzero(x > 1 - 1e-7)
+    fixed = np.zeros(n, dtype=bool)
+    for c in integral.tolist():
+        j = int(job_of[c])
+        if not fixed[j] and st.fits(c):
+            st.move(j, c)
+            fixed[j] = True
+    rest = np.flatnonzero(~fixed).tolist()
+    weight = {int(c): float(x[c]) for c in np.flatnonzero((x > 1e-7) & (x <= 1 - 1e-7)).tolist()}
+    rest.sort(key=lambda j: (-max((weight.get(c, 0.0) for c in st.by_cost[j]), default=0.0), j))
+    for j in rest:
+        for c in sorted(st.by_cost[j], key=lambda c: (-weight.get(c, 0.0), st.cost[c])):
+            if st.fits(c):
+                st.move(j, c)
+                break
+    st.place_unplaced(max_scan)
+    order = rest + [j for j in range(n) if fixed[j]]
+    st.local_search(order, max_passes, max_scan)
+    result = _finish(jobs, arr, st.choice, penalty, "lp-round", t0, status="heuristic", lower_bound_usd=bound)
+    rel = (result.objective_usd - bound) / max(abs(result.objective_usd), 1e-9)
+    return replace(result, gap=max(0.0, rel))
+
+
+def solve_exact(
+    jobs: Sequence[BatchJob],
+    capacity: Mapping[str, PoolCapacity],
+    *,
+    penalty_usd: float | None = None,
+    time_limit_seconds: float = 60.0,
+    mip_rel_gap: float = 1e-6,
+    threads: int = 1,
+) -> BatchResult:
+    """Solve the mixed-integer model with HiGHS. ``status`` is ``optimal`` or ``time_limit`` (then the
+    best solution found, with ``gap`` from the dual bound); ``RuntimeError`` when HiGHS found no solution."""
+    import highspy
+
+    t0 = time.perf_counter()
+    penalty = default_penalty(jobs) if penalty_usd is None else penalty_usd
+    arr = _Arrays(jobs, capacity)
+    n = len(jobs)
+    nc = len(arr.cost)
+    lp, job_of = _model(arr, n, penalty, integer=True)
+    h = _highs(lp, time_limit_seconds=time_limit_seconds, threads=threads, mip_rel_gap=mip_rel_gap)
     status = h.getModelStatus()
     info = h.getInfo()
     x = np.asarray(h.getSolution().col_value)
     if len(x) < nc + n or info.primal_solution_status == 0:
         raise RuntimeError(f"HiGHS found no solution ({h.modelStatusToString(status)}) in {time_limit_seconds} s")
     choice = [-1] * n
-    chosen = np.flatnonzero(x[:nc] > 0.5)
-    for c in chosen.tolist():
+    for c in np.flatnonzero(x[:nc] > 0.5).tolist():
         choice[int(job_of[c])] = c
     name = h.modelStatusToString(status)
     label = "optimal" if status == highspy.HighsModelStatus.kOptimal else (
@@ -475,10 +614,7 @@ def solve_exact(
     bound = float(info.mip_dual_bound)
     result = _finish(jobs, arr, choice, penalty, "highs", t0, status=label, lower_bound_usd=bound)
     rel = (result.objective_usd - bound) / max(abs(result.objective_usd), 1e-9)
-    return BatchResult(
-        result.assignment, result.cost_usd, result.objective_usd, result.unplaced, result.method,
-        result.seconds, result.status, bound, max(0.0, rel), result.usage,
-    )
+    return replace(result, gap=max(0.0, rel))
 
 
 def evaluate(

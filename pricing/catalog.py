@@ -95,6 +95,13 @@ class _Codes:
             self.values.append(value)
         return c
 
+    def codes(self, values: Sequence[str]) -> list[int]:
+        for v in dict.fromkeys(values):  # first-appearance order keeps codes (and versions) deterministic
+            if v not in self.index:
+                self.code(v)
+        index = self.index
+        return [index[v] for v in values]
+
 
 @dataclass
 class CatalogBuilder:
@@ -164,6 +171,45 @@ class CatalogBuilder:
         c["hourly_usd"].append(hourly_usd)
         c["outlier"].append(outlier)
         c["src_code"].append(self._srcs.code(source))
+
+    def extend(
+        self,
+        *,
+        provider: str,
+        source: str,
+        regions: Sequence[str],
+        zones: Sequence[str],
+        names: Sequence[str],
+        vcpus: Sequence[float],
+        memory_gib: Sequence[float],
+        gpus: Sequence[int],
+        accelerators: Sequence[str],
+        gpu_memory_gib: Sequence[float],
+        arm: Sequence[bool],
+        spot: Sequence[bool],
+        hourly_usd: Sequence[float],
+    ) -> None:
+        """Append many cloud offers of one provider and source at once (the loaders' fast path). All
+        sequences have the same length; ``zones``/``accelerators`` use ``""`` for none."""
+        n = len(hourly_usd)
+        c = self._cols
+        loc_of: dict[str, int] = {}
+        for r in dict.fromkeys(regions):
+            loc_of[r] = self.location_code(provider, r)
+        c["loc_code"].extend([loc_of[r] for r in regions])
+        c["zone_code"].extend(self._zones.codes(zones))
+        c["type_code"].extend(self._types.codes(names))
+        c["provider_code"].extend([self._providers.code(provider)] * n)
+        c["vcpus"].extend(vcpus)
+        c["memory_gib"].extend(memory_gib)
+        c["gpus"].extend(gpus)
+        c["gpu_memory_gib"].extend(gpu_memory_gib)
+        c["acc_code"].extend(self._accs.codes(accelerators))
+        c["arch_code"].extend([1 if a else 0 for a in arm])
+        c["cap_code"].extend([1 if sp else 0 for sp in spot])
+        c["hourly_usd"].extend(hourly_usd)
+        c["outlier"].extend([False] * n)
+        c["src_code"].extend([self._srcs.code(source)] * n)
 
     def __len__(self) -> int:
         return len(self._cols["hourly_usd"])

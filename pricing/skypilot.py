@@ -23,7 +23,9 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from broker.errors import CatalogError
 from broker.model import Provenance
@@ -64,6 +66,31 @@ class _Counts:
     rows: int = 0
     dropped: int = 0
     duplicates: int = 0
+
+
+class _Cols:
+    """Offer rows for CatalogBuilder.extend, collected as tuples and transposed once at the end."""
+
+    _KEYS = ("regions", "zones", "names", "vcpus", "memory_gib", "gpus", "accelerators", "gpu_memory_gib", "arm",
+             "spot", "hourly_usd")
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[Any, ...]] = []
+
+    def add(self, od: float | None, spot: float | None, *row: Any) -> bool:
+        """Append the on-demand and/or spot offer of ``row`` (region, zone, name, vcpus, memory, gpus,
+        accelerator, gpu memory, arm); False when neither price is offered."""
+        if od is not None:
+            self.rows.append((*row, False, od))
+        if spot is not None:
+            self.rows.append((*row, True, spot))
+        return od is not None or spot is not None
+
+    @property
+    def cols(self) -> dict[str, Any]:
+        if not self.rows:
+            return {k: [] for k in self._KEYS}
+        return dict(zip(self._KEYS, zip(*self.rows, strict=True), strict=True))
 
 
 def skypilot_files(catalog_dir: str | Path) -> list[tuple[str, Path]]:
@@ -152,41 +179,29 @@ def _gpu_mem_gib(info: str) -> float:
     return int(m.group(1)) / 1024.0 if m else 0.0
 
 
-def _add_both(b: CatalogBuilder, counts: _Counts, *, od: float | None, spot: float | None, **kw: object) -> None:
-    if od is None and spot is None:
-        counts.dropped += 1
-        return
-    if od is not None:
-        b.add(hourly_usd=od, capacity="on-demand", **kw)  # type: ignore[arg-type]
-    if spot is not None:
-        b.add(hourly_usd=spot, capacity="spot", **kw)  # type: ignore[arg-type]
-
-
 def _load_plain(b: CatalogBuilder, provider: str, path: Path, source: str, counts: _Counts) -> None:
+    out = _Cols()
     for r in _rows(path):
         counts.rows += 1
         name = r.get("InstanceType", "")
         vcpus, mem, region = _f(r.get("vCPUs", "")), _f(r.get("MemoryGiB", "")), r.get("Region", "")
-        acc = r.get("AcceleratorName", "") or None
+        acc = r.get("AcceleratorName", "")
         n_acc = _f(r.get("AcceleratorCount", "")) or 0.0
-        if not name or vcpus is None or mem is None or not region or (acc and n_acc != int(n_acc)):
-            counts.dropped += 1
-            continue
-        if acc and n_acc < 1:
+        if not name or vcpus is None or mem is None or not region or (acc and (n_acc != int(n_acc) or n_acc < 1)):
             counts.dropped += 1
             continue
         if provider == "aws":
-            arch = "arm64" if r.get("Arch", "") in ("arm64", "aarch64") else "amd64"
+            arm = r.get("Arch", "") in ("arm64", "aarch64")
         else:
-            arch = "arm64" if _AZURE_ARM_RE.match(name) else "amd64"
-        _add_both(
-            b, counts, od=_price(r.get("Price", "")), spot=_price(r.get("SpotPrice", "")),
-            provider=provider, region=region, zone=r.get("AvailabilityZone") or None, instance_type=name,
-            vcpus=vcpus, memory_gib=mem, gpus=int(n_acc) if acc else 0, accelerator=acc,
-            gpu_memory_gib=_gpu_mem_gib(r.get("GpuInfo", "")), arch=arch, source=source,
-        )
+            arm = _AZURE_ARM_RE.match(name) is not None
+        gmem = _gpu_mem_gib(r.get("GpuInfo", "")) if acc else 0.0
+        if not out.add(_price(r.get("Price", "")), _price(r.get("SpotPrice", "")), region,
+                       r.get("AvailabilityZone") or "", name, vcpus, mem, int(n_acc) if acc else 0, acc, gmem, arm):
+            counts.dropped += 1
+    b.extend(provider=provider, source=source, **out.cols)
 
 
+@lru_cache(maxsize=4096)
 def _gcp_fixed_gpu(name: str) -> tuple[str, int] | None:
     for rx, acc, _ in _GCP_FIXED:
         m = rx.match(name)
@@ -199,6 +214,7 @@ def _gcp_fixed_gpu(name: str) -> tuple[str, int] | None:
 
 
 def _load_gcp(b: CatalogBuilder, path: Path, source: str, counts: _Counts) -> None:
+    out = _Cols()
     hosts: list[dict[str, str]] = []
     # (region, zone, acc, count) -> (od, spot, gpu_mem_gib)
     gpus: dict[tuple[str, str, str, int], tuple[float | None, float | None, float]] = {}
@@ -229,29 +245,26 @@ def _load_gcp(b: CatalogBuilder, path: Path, source: str, counts: _Counts) -> No
             counts.dropped += 1
             continue
         od, spot = _price(r.get("Price", "")), _price(r.get("SpotPrice", ""))
-        arch = "arm64" if name.startswith(_GCP_ARM_PREFIX) else "amd64"
-        common = dict(provider="gcp", region=region, zone=zone or None, vcpus=vcpus, memory_gib=mem,
-                      arch=arch, source=source)
+        arm = name.startswith(_GCP_ARM_PREFIX)
         fixed = _gcp_fixed_gpu(name)
         acc_in_row, n_in_row = r.get("AcceleratorName", ""), _f(r.get("AcceleratorCount", ""))
         if acc_in_row and n_in_row and n_in_row >= 1 and n_in_row == int(n_in_row):
             # A whole GPU VM (as Catalog.to_skypilot_csv writes them): the price already includes the GPUs.
-            _add_both(b, counts, od=od, spot=spot, instance_type=name, gpus=int(n_in_row), accelerator=acc_in_row,
-                      gpu_memory_gib=_gpu_mem_gib(r.get("GpuInfo", "")), **common)  # type: ignore[arg-type]
+            if not out.add(od, spot, region, zone, name, vcpus, mem, int(n_in_row), acc_in_row,
+                           _gpu_mem_gib(r.get("GpuInfo", "")), arm):
+                counts.dropped += 1
             continue
         if fixed is not None:
             g = gpus.get((region, zone, fixed[0], fixed[1]))
-            if g is None:
+            if g is None or not out.add(
+                None if od is None or g[0] is None else od + g[0],
+                None if spot is None or g[1] is None else spot + g[1],
+                region, zone, name, vcpus, mem, fixed[1], fixed[0], g[2], arm,
+            ):
                 counts.dropped += 1
-                continue
-            _add_both(
-                b, counts,
-                od=None if od is None or g[0] is None else od + g[0],
-                spot=None if spot is None or g[1] is None else spot + g[1],
-                instance_type=name, gpus=fixed[1], accelerator=fixed[0], gpu_memory_gib=g[2], **common,
-            )
             continue
-        _add_both(b, counts, od=od, spot=spot, instance_type=name, **common)  # type: ignore[arg-type]
+        if not out.add(od, spot, region, zone, name, vcpus, mem, 0, "", 0.0, arm):
+            counts.dropped += 1
         if name.startswith("n1-"):
             n1_by_zone.setdefault((region, zone), []).append((name, vcpus, mem, od, spot))
     for (region, zone, acc, n), (g_od, g_spot, g_mem) in gpus.items():
@@ -261,12 +274,9 @@ def _load_gcp(b: CatalogBuilder, path: Path, source: str, counts: _Counts) -> No
         for name, vcpus, mem, od, spot in n1_by_zone.get((region, zone), ()):
             if vcpus > limits[0] or mem > limits[1]:
                 continue
-            o = None if od is None or g_od is None else od + g_od
-            s = None if spot is None or g_spot is None else spot + g_spot
-            if o is None and s is None:
-                continue
-            for price, cap in ((o, "on-demand"), (s, "spot")):
-                if price is not None:
-                    b.add(provider="gcp", region=region, zone=zone or None, instance_type=f"{name}+{acc}:{n}",
-                          vcpus=vcpus, memory_gib=mem, gpus=n, accelerator=acc, gpu_memory_gib=g_mem,
-                          hourly_usd=price, capacity=cap, source=source)
+            out.add(
+                None if od is None or g_od is None else od + g_od,
+                None if spot is None or g_spot is None else spot + g_spot,
+                region, zone, f"{name}+{acc}:{n}", vcpus, mem, n, acc, g_mem, False,
+            )
+    b.extend(provider="gcp", source=source, **out.cols)

@@ -108,11 +108,12 @@ def submit(
     """Submit job specs; a burst shows a progress bar. Exit 1 when --wait and a job did not succeed."""
     from rich.progress import Progress
 
-    from broker.spec import load_spec_file
+    from broker.spec import load_documents, load_spec_file
 
     docs: list[dict[str, Any]] = []
     for path in files:
-        docs.extend(dict(spec.raw) for spec in load_spec_file(path))
+        load_spec_file(path)  # validate locally: errors name the file and field before anything is sent
+        docs.extend(load_documents(path.read_bytes()))
     with _client() as client:
         ns = _namespace(client, namespace)
         jobs: list[dict[str, Any]] = []

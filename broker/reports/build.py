@@ -23,8 +23,10 @@ says for how many jobs the baseline was priced exactly.
 
 from __future__ import annotations
 
+import gc
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -42,7 +44,22 @@ from broker.reports.model import (
     Summary,
 )
 
-__all__ = ["build_report", "Rec", "to_rec", "options_of", "BASELINE_LABELS", "option_view"]
+__all__ = ["build_report", "Rec", "to_rec", "options_of", "BASELINE_LABELS", "option_view", "no_gc"]
+
+
+@contextmanager
+def no_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while many small objects are built (restored after).
+
+    Design choice: a report over 100k records builds millions of dicts and tuples; the collector's
+    generation-2 passes over them took about 40% of the CPU time and free nothing (no cycles)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 BASELINE_LABELS: Mapping[str, str] = {
     "single-region": "everything on the single cheapest cloud region",
@@ -364,6 +381,21 @@ def build_report(
     scenarios drop (default: the provider with the highest spend). At most ``whatif_max_jobs``
     jobs are re-placed per scenario (an evenly spread sample). Pure apart from the catalog loads.
     """
+    with no_gc():
+        return _build(records, whatif_catalogs, egress, place_fn, exclude_providers, whatif_max_jobs, filters,
+                      generated_at)
+
+
+def _build(
+    records: Iterable[Any],
+    whatif_catalogs: Any,
+    egress: Any,
+    place_fn: Callable[..., Any] | None,
+    exclude_providers: Sequence[str] | None,
+    whatif_max_jobs: int,
+    filters: ReportFilters | None,
+    generated_at: datetime | None,
+) -> Report:
     recs = [to_rec(r) for r in records]
     counted, previews = _counted(recs)
     placed = [r for r in counted if r.chosen is not None]

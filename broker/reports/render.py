@@ -126,8 +126,11 @@ def render_csv(report: Report) -> str:
 def render_json(report: Report, *, indent: int | None = None) -> str:
     """The report as a JSON document (see ``docs/schemas/placement-report.schema.json``); any
     ``indent`` pretty-prints with two spaces."""
+    from broker.reports.build import no_gc
+
     option = orjson.OPT_INDENT_2 if indent else 0
-    return orjson.dumps(report.to_dict(), option=option).decode("utf-8")
+    with no_gc():
+        return orjson.dumps(report.to_dict(), option=option).decode("utf-8")
 
 
 # ---------------------------------------------------------------- HTML

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from broker.decisions import DecisionRecord, as_utc
 from broker.errors import NotFoundError, SpecError
-from broker.reports.build import Rec, build_report
+from broker.reports.build import Rec, build_report, no_gc
 from broker.reports.model import Report, ReportFilters
 
 __all__ = ["FORMATS", "parse_when", "load_records", "report_from_store", "write_report", "catalog_store"]
@@ -97,7 +97,13 @@ def load_records(
         stmt = stmt.where(c.created_at < as_utc(until))
     stmt = stmt.order_by(c.created_at, c.id)
     out: list[Rec] = []
-    for row in conn.execute(stmt):
+    with no_gc():
+        _fill(out, conn.execute(stmt))
+    return out
+
+
+def _fill(out: list[Rec], result: Any) -> None:
+    for row in result:
         (rid, job_id, ns, kind, name, created, request, chosen, alts, rejected, considered, feasible, policy,
          version, explanation, nodes, deadline, predicted, runtime, actual, finished, met) = row
         out.append(
@@ -126,7 +132,6 @@ def load_records(
                 deadline_met=None if met is None else bool(met),
             )
         )
-    return out
 
 
 def catalog_store(data_dir: str | Path | None) -> Any:

@@ -40,6 +40,7 @@ class AgentConfig:
     renew_check_seconds: float = 3600.0
     telemetry_cap: int = 1000
     window: int = 2000
+    reconnect_max_seconds: int = 30  # reconnect backoff doubles from 1 s up to this
     retransmit_seconds: float = 15.0  # re-send unacknowledged messages when no ack came for this long
     max_parallel_tasks: int = 0  # 0 = number of CPUs
     http_ca_file: str = ""  # CA bundle for an https broker_url; empty = system default

@@ -90,6 +90,14 @@ def enroll(
     cfg = AgentConfig(state_dir=str(d), device_id=resp["device_id"], broker_url=broker_url,
                       mqtt_host=host, mqtt_port=port, http_ca_file=http_ca_file)
     cfg.save()
+    if (d / "agent.db").exists():  # re-enrollment: the broker's record of this device starts afresh
+        from edge.agent.store import Store
+
+        st = Store(d / "agent.db")
+        try:
+            st.reset_wire_seqs()
+        finally:
+            st.close()
     return cfg
 
 

@@ -2,10 +2,12 @@
 
 Contracts:
 
-* Uplink messages are written to the SQLite outbox first and published from it; a message leaves the
-  outbox only when the gateway's ``ack`` names its id. After every (re)connect the pump starts again at
-  the oldest unacknowledged message (go-back-N), so nothing is lost across disconnects, Mosquitto
-  restarts or a SIGKILL of the agent, and order is the outbox order (``seq``).
+* Uplink messages are written to the SQLite outbox first and published from it, with a contiguous wire
+  sequence (0, 1, 2, ...); a message leaves the outbox only when the gateway's ``ack`` names its id.
+  After every (re)connect, when the gateway reports a gap (``expect``) and when acks stall for
+  ``retransmit_seconds``, the pump starts again at the oldest unacknowledged message (go-back-N), so
+  nothing is lost across disconnects, Mosquitto restarts or a SIGKILL of the agent, and the order is the
+  outbox order.
 * At most ``window`` messages await acknowledgement at once (end-to-end flow control).
 * Downlinks are verified (gateway signature, device, time window, seq, duplicates) before use.
 * A task id is applied once: a re-dispatch of a finished task is refused and its outcome re-reported.
@@ -83,7 +85,7 @@ class Agent:
             client_id=self.device_id, host=c.mqtt_host, port=c.mqtt_port, ca_file=str(c.path("ca.pem")),
             cert_file=str(c.path("device.pem")), key_file=str(c.path("device.key")),
             subscribe=protocol.down_topic(self.device_id, "#"), on_message=self.on_downlink,
-            on_state=self._on_state,
+            on_state=self._on_state, reconnect_max_seconds=c.reconnect_max_seconds,
         )
 
     def _on_state(self, connected: bool) -> None:
@@ -133,10 +135,11 @@ class Agent:
                 cursor = self._cursor
             if room <= 0:
                 return 0
-            rows = self.store.pending(cursor, min(room, 500))
+            rows = self.store.assign_wire_seqs(self.store.pending(cursor, min(room, 500)))
             for row in rows:
-                payload = protocol.seal(row.kind, row.body, device=self.device_id, seq=row.seq, key=self.key,
-                                        id=row.id)
+                assert row.wire_seq is not None
+                payload = protocol.seal(row.kind, row.body, device=self.device_id, seq=row.wire_seq,
+                                        key=self.key, id=row.id)
                 with self._lock:
                     self._unacked[row.id] = row.seq
                     self._cursor = row.seq
@@ -184,16 +187,14 @@ class Agent:
     def _on_ack(self, body: Mapping[str, Any]) -> None:
         ids = [str(i) for i in body.get("ids", [])]
         self.store.ack(ids)
-        requeue = [str(i) for i in body.get("requeue", [])]
-        if requeue:
-            # The gateway saw a newer message first (a gap after a loss it could not see): send these again
-            # with new sequence numbers. They still arrive exactly once (ids), but after the newer ones.
-            log.warning("gateway asked to re-sequence %d message(s)", len(requeue))
-            self.store.requeue(requeue)
         with self._lock:
             self._last_progress = time.monotonic()
-            for i in ids + requeue:
+            for i in ids:
                 self._unacked.pop(i, None)
+            if "expect" in body:
+                # The gateway saw a gap (messages lost between us, e.g. in an MQTT broker restart):
+                # go back to the oldest unacknowledged message at once instead of waiting for the timer.
+                self._reset_cursor = True
 
     def _on_task(self, body: Mapping[str, Any]) -> None:
         task_id = str(body.get("task_id", ""))

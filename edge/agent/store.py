@@ -2,10 +2,12 @@
 
 Contracts:
 
-* **Outbox.** Every uplink message gets ``seq`` = its rowid (AUTOINCREMENT: strictly increasing and
-  never reused, across restarts). Rows leave only when the gateway acknowledges their id
-  (:meth:`Store.ack`). Results are never dropped. Droppable rows (telemetry) are capped at
-  ``telemetry_cap`` and the oldest go first. Ids are unique: putting an id twice keeps the first.
+* **Outbox.** Rows are kept in insertion order (``seq`` = rowid, AUTOINCREMENT: never reused). When a row
+  is first published it gets its ``wire_seq``, the next number of the device's contiguous uplink sequence
+  (0, 1, 2, ... persisted), so the gateway can tell a gap from a replay. Rows leave only when the gateway
+  acknowledges their id (:meth:`Store.ack`). Results are never dropped. Droppable rows (telemetry) are
+  capped at ``telemetry_cap``, oldest first, and only while unsent (a sent row holds a wire number).
+  Ids are unique: putting an id twice keeps the first.
 * **Inbox.** One row per task id; a task id is applied once (``add_task`` returns False for a known id,
   and a finished task keeps its outcome so the agent can refuse a re-dispatch and re-report it).
 * Durability: WAL with ``synchronous=FULL``; writes are batched by the callers (``put_many``).
@@ -33,7 +35,8 @@ CREATE TABLE IF NOT EXISTS outbox (
   kind TEXT NOT NULL,
   body TEXT NOT NULL,
   droppable INTEGER NOT NULL DEFAULT 0,
-  created_ms INTEGER NOT NULL
+  created_ms INTEGER NOT NULL,
+  wire_seq INTEGER
 );
 CREATE INDEX IF NOT EXISTS outbox_droppable ON outbox(droppable, seq);
 CREATE TABLE IF NOT EXISTS inbox (
@@ -57,6 +60,7 @@ class OutRow:
     id: str
     kind: str
     body: Mapping[str, Any]
+    wire_seq: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +109,7 @@ class Store:
                 )
                 if any(r[3] for r in rows):
                     self._db.execute(
-                        "DELETE FROM outbox WHERE droppable=1 AND seq NOT IN "
+                        "DELETE FROM outbox WHERE droppable=1 AND wire_seq IS NULL AND seq NOT IN "
                         "(SELECT seq FROM outbox WHERE droppable=1 ORDER BY seq DESC LIMIT ?)",
                         (self.telemetry_cap,),
                     )
@@ -118,9 +122,39 @@ class Store:
         """Up to ``limit`` unacknowledged rows with ``seq > after_seq``, in seq order."""
         with self._lock:
             cur = self._db.execute(
-                "SELECT seq, id, kind, body FROM outbox WHERE seq > ? ORDER BY seq LIMIT ?", (after_seq, limit)
+                "SELECT seq, id, kind, body, wire_seq FROM outbox WHERE seq > ? ORDER BY seq LIMIT ?",
+                (after_seq, limit),
             )
-            return [OutRow(s, i, k, json.loads(b)) for s, i, k, b in cur.fetchall()]
+            return [OutRow(s, i, k, json.loads(b), w) for s, i, k, b, w in cur.fetchall()]
+
+    def assign_wire_seqs(self, rows: Sequence[OutRow]) -> list[OutRow]:
+        """Give rows without a wire number the next ones, in order, durably; returns the updated rows."""
+        if all(r.wire_seq is not None for r in rows):
+            return list(rows)
+        out: list[OutRow] = []
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._db.execute("SELECT value FROM meta WHERE key='next_wire_seq'").fetchone()
+                nxt = int(row[0]) if row else 0
+                for r in rows:
+                    if r.wire_seq is None:
+                        self._db.execute("UPDATE outbox SET wire_seq=? WHERE seq=?", (nxt, r.seq))
+                        r = OutRow(r.seq, r.id, r.kind, r.body, nxt)
+                        nxt += 1
+                    out.append(r)
+                self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('next_wire_seq', ?)", (str(nxt),))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return out
+
+    def reset_wire_seqs(self) -> None:
+        """Start the uplink sequence again at 0 (a new enrollment: the broker's device record is new)."""
+        with self._lock:
+            self._db.execute("UPDATE outbox SET wire_seq=NULL")
+            self._db.execute("DELETE FROM meta WHERE key IN ('next_wire_seq', 'down_seq')")
 
     def ack(self, ids: Sequence[str]) -> int:
         """Delete acknowledged rows by id; returns how many were deleted (unknown ids are ignored)."""
@@ -131,27 +165,6 @@ class Store:
             cur = self._db.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in ids])
             self._db.execute("COMMIT")
             return cur.rowcount
-
-    def requeue(self, ids: Sequence[str]) -> int:
-        """Move rows to the end of the outbox (new ``seq``, same id, body and kind); returns how many moved."""
-        moved = 0
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                for i in ids:
-                    row = self._db.execute("SELECT id, kind, body, droppable, created_ms FROM outbox WHERE id=?",
-                                           (i,)).fetchone()
-                    if row is None:
-                        continue
-                    self._db.execute("DELETE FROM outbox WHERE id=?", (i,))
-                    self._db.execute("INSERT INTO outbox(id, kind, body, droppable, created_ms) VALUES (?,?,?,?,?)",
-                                     row)
-                    moved += 1
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-        return moved
 
     def depth(self) -> dict[str, int]:
         with self._lock:

@@ -29,7 +29,8 @@ class Transport(Protocol):
 
 
 class MqttTransport:
-    """A paho client with mutual TLS that keeps reconnecting (1 s .. 30 s backoff) until closed.
+    """A paho client with mutual TLS that keeps reconnecting (backoff 1 s doubling up to
+    ``reconnect_max_seconds``) until closed.
 
     ``on_message(topic, payload)`` and ``on_state(connected)`` run on paho's network thread.
     ``latency_ms`` is an EWMA of PUBACK round trips (QoS 1), i.e. the measured link latency.
@@ -53,6 +54,7 @@ class MqttTransport:
         on_message: Callable[[str, bytes], None],
         on_state: Callable[[bool], None] = lambda _c: None,
         inflight: int = 100,
+        reconnect_max_seconds: int = 30,
     ) -> None:
         self._subscribe = subscribe
         self._on_message = on_message
@@ -66,7 +68,7 @@ class MqttTransport:
         c.tls_set(ca_certs=ca_file, certfile=cert_file, keyfile=key_file, tls_version=ssl.PROTOCOL_TLS_CLIENT)
         c.max_inflight_messages_set(inflight)
         c.max_queued_messages_set(0)
-        c.reconnect_delay_set(1, 30)
+        c.reconnect_delay_set(1, max(1, reconnect_max_seconds))
         c.on_connect = self._handle_connect
         c.on_disconnect = self._handle_disconnect
         c.on_message = lambda _c, _u, msg: self._on_message(msg.topic, bytes(msg.payload))

@@ -202,6 +202,7 @@ def enroll_agent(state_dir: Path, api: ApiServer, store: Any, mosquitto: Mosquit
     c = enroll(api.url, new_token(store), state_dir, device_id=device_id, mqtt=f"127.0.0.1:{mosquitto.port}")
     cfg.setdefault("heartbeat_seconds", 2.0)
     cfg.setdefault("retransmit_seconds", 2.0)
+    cfg.setdefault("reconnect_max_seconds", 1)
     c = dataclasses.replace(c, **cfg)
     c.save()
     return c

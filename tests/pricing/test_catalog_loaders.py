@@ -161,3 +161,19 @@ def test_real_shared_catalogs_load_with_their_quirks(real_catalog: Catalog) -> N
     assert any(cat.offer(int(i)).region == "newzealandnorth" for i in nz)
     assert cat.query(accelerator="A100", gpus=8, providers=["gcp"]).size > 0
     assert cat.query(accelerator="T4", providers=["gcp"]).size > 0
+
+
+def test_version_does_not_depend_on_the_hash_seed(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    rows = [f"t{i % 7}.large,,,2.0,8.0,,{0.1 + i / 100:.3f},{0.05 + i / 200:.3f},r-{i % 11},z{i % 3},x86_64"
+            for i in range(60)]
+    write_csv(tmp_path / "aws" / "vms.csv", AWS_H, rows)
+    code = f"from pricing.skypilot import load_skypilot_dir; print(load_skypilot_dir({str(tmp_path)!r}).version)"
+    versions = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       env={**__import__("os").environ, "PYTHONHASHSEED": str(seed)}).stdout.strip()
+        for seed in (1, 2, 3)
+    }
+    assert len(versions) == 1 and next(iter(versions))

@@ -1,0 +1,702 @@
+"""GCP Compute Engine: Libcloud's GCE driver for zones, machine types and the instance lifecycle, and the
+Cloud Billing Catalog API (over httpx) for prices.
+
+* offers: machine types of every configured zone (``GET /zones/{z}/machineTypes``, paged with
+  ``nextPageToken``; fields ``guestCpus``, ``memoryMb``, ``accelerators``), one offer per machine type and
+  **region** (``zone=None``; :meth:`GcpProvider.launch` picks a zone). Prices come from the Billing Catalog
+  (``GET /v1/services/6F81-5844-456A/skus``, paged): GCE bills a machine type as ``vCPUs x core rate + GiB x
+  RAM rate (+ GPUs x GPU rate)`` of its *family*, so :func:`parse_billing_skus` reads the per-family rates
+  from SKU descriptions ("N2 Instance Core running in Americas", "N2D AMD Instance Ram running in ...",
+  "Nvidia Tesla T4 GPU running in ...") per ``serviceRegions`` entry, on-demand (``usageType OnDemand``)
+  and spot (``Preemptible``) apart, and :func:`price_machine_type` composes them. The family is the part of
+  the name before the first ``-`` (so ``n2d`` is not priced as ``n2``, unlike Libcloud's bundled prices),
+  and shared-core E2 types are billed for their fraction of a vCPU. N1 types also get offers with
+  attachable GPUs the zone sells (``acceleratorTypes``), named like the bundled catalog:
+  ``n1-standard-4+T4:1``.
+* lifecycle: one instance per unit named ``hb-<hash of request id>-<n>`` (a retried launch finds them by
+  name/label: idempotent per request id). GCE labels allow only ``[a-z0-9_-]`` (at most 63 characters), so
+  tags are sanitized into labels by :func:`gce_label` and the **original tags are kept** in the instance
+  metadata item ``hb-tags`` (JSON); listing filters on the server by label
+  (``labels.hb-request = "..."``) and then checks the original tags exactly. Instance ids are
+  ``<zone>/<name>``. A launch without a zone tries the region's zones in order and moves to the next zone on
+  ``ZONE_RESOURCE_POOL_EXHAUSTED`` as long as nothing was created for the request yet.
+
+Credentials: a service-account JSON key (``credentials_file``, else ``GOOGLE_APPLICATION_CREDENTIALS``);
+project from ``project``, else ``GOOGLE_CLOUD_PROJECT``, else the key's ``project_id``. Libcloud caches the
+OAuth2 token in ``token_cache`` (default ``~/.google_libcloud_auth.<project>``). ``endpoint`` /
+``billing_url`` / ``ca_bundle`` point at other endpoints (tests, private service connect).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import httpx
+from libcloud.common.google import ResourceExistsError, ResourceNotFoundError
+from libcloud.compute.drivers.gce import GCEConnection, GCENodeDriver
+
+from broker.errors import AuthError, CapacityError, InvalidRequestError, ProviderError
+from broker.model import Capacity, Instance, InstanceState, InstanceType, JobSpec, Location, Offer, Provenance
+
+from .base import TAG_REQUEST, Capability, launch_tags, matches_tags
+from .errors import map_errors
+
+__all__ = [
+    "GcpProvider",
+    "BillingRates",
+    "parse_billing_skus",
+    "price_machine_type",
+    "gce_label",
+    "gce_labels",
+    "accelerator_of",
+    "split_gpu_type",
+    "COMPUTE_SERVICE_ID",
+    "DEFAULT_BILLING_URL",
+    "TAGS_METADATA_KEY",
+]
+
+COMPUTE_SERVICE_ID = "6F81-5844-456A"  # the Compute Engine service in the Cloud Billing Catalog
+DEFAULT_BILLING_URL = "https://cloudbilling.googleapis.com"
+DEFAULT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
+TAGS_METADATA_KEY = "hb-tags"
+SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
+LABEL_MAX = 63
+
+# Shared-core machine types are billed for a fraction of one vCPU (GCE pricing page).
+SHARED_CORE_VCPUS = {"e2-micro": 0.25, "e2-small": 0.5, "e2-medium": 1.0}
+# Description words of families whose SKU does not start with the family name.
+_FAMILY_WORDS = {"compute optimized": "c2", "memory-optimized": "m1", "memory optimized": "m1"}
+# GCE accelerator type name -> the model name used across the catalog.
+_ACCELERATORS = {
+    "nvidia-tesla-t4": "T4", "nvidia-tesla-v100": "V100", "nvidia-tesla-p100": "P100",
+    "nvidia-tesla-p4": "P4", "nvidia-tesla-k80": "K80", "nvidia-tesla-a100": "A100",
+    "nvidia-a100-80gb": "A100-80GB", "nvidia-l4": "L4", "nvidia-h100-80gb": "H100",
+    "nvidia-h100-mega-80gb": "H100-MEGA", "nvidia-h200-141gb": "H200", "nvidia-b200": "B200",
+}
+_GPU_MEMORY_GIB = {"T4": 16.0, "V100": 16.0, "P100": 16.0, "P4": 8.0, "K80": 12.0, "A100": 40.0,
+                   "A100-80GB": 80.0, "L4": 24.0, "H100": 80.0, "H100-MEGA": 80.0, "H200": 141.0, "B200": 180.0}
+# N1 hosts that take attachable GPUs: {model: {count: (max vCPUs, max memory GiB)}} (GCP's published limits).
+N1_GPU_LIMITS: dict[str, dict[int, tuple[float, float]]] = {
+    "T4": {1: (48, 312), 2: (48, 312), 4: (96, 624)},
+    "P4": {1: (24, 156), 2: (48, 312), 4: (96, 624)},
+    "V100": {1: (12, 78), 2: (24, 156), 4: (48, 312), 8: (96, 624)},
+    "P100": {1: (16, 104), 2: (32, 208), 4: (96, 624)},
+}
+_STATE = {
+    "PROVISIONING": InstanceState.PENDING,
+    "STAGING": InstanceState.PENDING,
+    "RUNNING": InstanceState.RUNNING,
+    "REPAIRING": InstanceState.RUNNING,
+    "STOPPING": InstanceState.TERMINATED,
+    "SUSPENDING": InstanceState.TERMINATED,
+    "SUSPENDED": InstanceState.TERMINATED,
+    "STOPPED": InstanceState.TERMINATED,
+    "TERMINATED": InstanceState.TERMINATED,
+}
+_SPOT_PREFIX = re.compile(r"^(?:Spot Preemptible|Preemptible)\s+", re.IGNORECASE)
+_CORE_RAM = re.compile(
+    r"^(?P<fam>.+?)\s+(?:(?:AMD|Intel|Arm)\s+)?(?:Predefined\s+)?(?:Instance\s+)?(?P<kind>Core|Ram)"
+    r"\s+running in\s+\S.*$"
+)
+_GPU = re.compile(r"^Nvidia\s+(?:Tesla\s+)?(?P<model>.+?)\s+GPU\s+running in\s+\S.*$", re.IGNORECASE)
+_GPU_TYPE = re.compile(r"^(?P<host>[a-z0-9-]+)\+(?P<acc>[A-Za-z0-9-]+):(?P<n>\d+)$")
+_LABEL_BAD = re.compile(r"[^a-z0-9_-]")
+
+
+# -- labels -----------------------------------------------------------------------------------------------
+
+
+def gce_label(value: str, *, key: bool = False) -> str:
+    """``value`` as a GCE label key or value: lowercase ``[a-z0-9_-]``, at most 63 characters (long values
+    keep a hash suffix so different values stay different); a key also starts with a letter.
+
+    The mapping is many-to-one (``Job/1`` and ``job_1`` give the same label), which is why the original
+    tags travel in instance metadata and listing re-checks them exactly."""
+    out = _LABEL_BAD.sub("_", value.lower())
+    if key and not out[:1].isalpha():
+        out = "k" + out
+    if len(out) > LABEL_MAX:
+        out = out[: LABEL_MAX - 11] + "-" + hashlib.sha256(value.encode()).hexdigest()[:10]
+    return out
+
+
+def gce_labels(tags: Mapping[str, str]) -> dict[str, str]:
+    """Tags as GCE labels (see :func:`gce_label`)."""
+    return {gce_label(k, key=True): gce_label(v) for k, v in tags.items()}
+
+
+def _label_filter(tags: Mapping[str, str] | None) -> str:
+    """A Compute API ``filter`` expression: every instance of ours, narrowed by each wanted tag's label."""
+    parts = [f"(labels.{TAG_REQUEST}:*)"]
+    for k, v in gce_labels(tags or {}).items():
+        parts.append(f'(labels.{k} = "{v}")')
+    return " ".join(parts)
+
+
+# -- prices -----------------------------------------------------------------------------------------------
+
+
+def accelerator_of(gce_type: str) -> str:
+    """The catalog's model name of a GCE accelerator type (``nvidia-tesla-t4`` -> ``T4``); unknown names come
+    back upper-cased without the ``nvidia-`` prefix."""
+    return _ACCELERATORS.get(gce_type, gce_type.removeprefix("nvidia-").removeprefix("tesla-").upper())
+
+
+def _gce_accelerator_name(model: str) -> str:
+    for name, m in _ACCELERATORS.items():
+        if m == model:
+            return name
+    return "nvidia-" + model.lower()
+
+
+def split_gpu_type(instance_type: str) -> tuple[str, str | None, int]:
+    """``("n1-standard-4", "T4", 1)`` for ``n1-standard-4+T4:1``; ``(name, None, 0)`` for plain types."""
+    m = _GPU_TYPE.match(instance_type)
+    if not m:
+        return instance_type, None, 0
+    return m.group("host"), m.group("acc"), int(m.group("n"))
+
+
+def _gpu_model(words: str) -> str:
+    """``Tesla T4`` -> ``T4``, ``A100 80GB`` -> ``A100-80GB``, ``H100 80GB`` -> ``H100``."""
+    w = words.strip().upper().replace("TESLA ", "")
+    if w.startswith(("H100", "H200")):
+        return w.split()[0].replace("MEGA", "").strip()
+    return w.replace(" ", "-")
+
+
+@dataclass(frozen=True, slots=True)
+class BillingRates:
+    """USD rates per region read from Billing Catalog SKUs: ``core[(region, family, capacity)]`` per vCPU
+    hour, ``ram[...]`` per GiB hour, ``gpu[(region, model, capacity)]`` per GPU hour; ``rows`` SKUs used,
+    ``skipped`` SKUs that are not per-family compute rates (commitments, licences, storage...)."""
+
+    core: dict[tuple[str, str, Capacity], float]
+    ram: dict[tuple[str, str, Capacity], float]
+    gpu: dict[tuple[str, str, Capacity], float]
+    rows: int = 0
+    skipped: int = 0
+
+
+def _unit_usd(sku: Mapping[str, Any]) -> tuple[float, str] | None:
+    """(USD per usage unit, usage unit) of a SKU's current price (first tier of ``pricingInfo[0]``)."""
+    try:
+        expr = sku["pricingInfo"][0]["pricingExpression"]
+        rates = expr["tieredRates"]
+        price = rates[0]["unitPrice"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    if price.get("currencyCode", "USD") != "USD":
+        return None
+    usd = float(price.get("units") or 0) + float(price.get("nanos") or 0) / 1e9
+    return usd, str(expr.get("usageUnit", ""))
+
+
+def parse_billing_skus(skus: Iterable[Mapping[str, Any]]) -> BillingRates:
+    """Per-family vCPU/RAM rates and per-model GPU rates from Billing Catalog ``skus`` of Compute Engine.
+
+    Keeps SKUs with ``category.resourceFamily == "Compute"``, ``resourceGroup`` CPU/RAM/GPU (N1's
+    ``N1Standard`` too), ``usageType`` ``OnDemand`` (on-demand) or ``Preemptible`` (spot), units ``h`` (cores,
+    GPUs) or ``GiBy.h`` (RAM), and a description of the shape "<Family> [AMD|Intel|Arm] [Predefined]
+    [Instance] Core|Ram running in <place>" or "Nvidia [Tesla] <model> GPU running in <place>". Sole-tenancy,
+    custom, commitment and licence SKUs do not match and are counted in ``skipped``."""
+    core: dict[tuple[str, str, Capacity], float] = {}
+    ram: dict[tuple[str, str, Capacity], float] = {}
+    gpu: dict[tuple[str, str, Capacity], float] = {}
+    rows = skipped = 0
+    for sku in skus:
+        cat = sku.get("category") or {}
+        usage = cat.get("usageType")
+        capacity = {"OnDemand": Capacity.ON_DEMAND, "Preemptible": Capacity.SPOT}.get(str(usage))
+        priced = _unit_usd(sku)
+        if cat.get("resourceFamily") != "Compute" or capacity is None or priced is None:
+            skipped += 1
+            continue
+        usd, unit = priced
+        desc = _SPOT_PREFIX.sub("", str(sku.get("description", "")).strip())
+        if re.search(r"sole tenancy|custom|extended|commitment|reserved|premium", desc, re.IGNORECASE):
+            skipped += 1
+            continue
+        table: dict[tuple[str, str, Capacity], float]
+        g = _GPU.match(desc)
+        m = _CORE_RAM.match(desc)
+        if g and unit == "h":
+            table, what = gpu, _gpu_model(g.group("model"))
+        elif m and m.group("kind") == "Core" and unit == "h":
+            table, what = core, _family(m.group("fam"))
+        elif m and m.group("kind") == "Ram" and unit == "GiBy.h":
+            table, what = ram, _family(m.group("fam"))
+        else:
+            skipped += 1
+            continue
+        if not what or usd <= 0:
+            skipped += 1
+            continue
+        rows += 1
+        for region in sku.get("serviceRegions") or []:
+            table[(str(region), what, capacity)] = usd
+    return BillingRates(core, ram, gpu, rows, skipped)
+
+
+def _family(words: str) -> str:
+    w = words.strip().lower()
+    if w in _FAMILY_WORDS:
+        return _FAMILY_WORDS[w]
+    return w if re.fullmatch(r"[a-z][a-z0-9]{0,4}", w) else ""
+
+
+def price_machine_type(
+    rates: BillingRates,
+    region: str,
+    shape: InstanceType,
+    capacity: Capacity,
+    *,
+    extra_gpu: tuple[str, int] | None = None,
+) -> float | None:
+    """Hourly USD of ``shape`` (a GCE machine type, ``shape.name`` without any ``+GPU`` suffix) in
+    ``region``: vCPUs x core rate + GiB x RAM rate of its family (+ bundled GPUs, + ``extra_gpu`` =
+    (model, count) attached), or ``None`` when a rate is missing. ``shape.vcpus`` is the *billed* vCPUs."""
+    family = shape.name.split("-")[0]
+    c = rates.core.get((region, family, capacity))
+    r = rates.ram.get((region, family, capacity))
+    if c is None or r is None:
+        return None
+    usd = shape.vcpus * c + shape.memory_gib * r
+    gpus = [(shape.accelerator, shape.gpus)] if shape.gpus and shape.accelerator else []
+    if extra_gpu:
+        gpus.append(extra_gpu)
+    for model, n in gpus:
+        g = rates.gpu.get((region, str(model), capacity))
+        if g is None:
+            return None
+        usd += n * g
+    return round(usd, 6)
+
+
+def _to_instance_type(raw: Mapping[str, Any]) -> InstanceType:
+    """A GCE ``machineType`` resource as an :class:`InstanceType` (billed vCPUs for shared-core types)."""
+    name = str(raw["name"])
+    accs = raw.get("accelerators") or []
+    gpus = sum(int(a.get("guestAcceleratorCount", 0)) for a in accs)
+    model = accelerator_of(str(accs[0].get("guestAcceleratorType", ""))) if accs else None
+    family = name.split("-")[0]
+    return InstanceType(
+        name=name,
+        vcpus=SHARED_CORE_VCPUS.get(name, float(raw.get("guestCpus", 0))),
+        memory_gib=round(float(raw.get("memoryMb", 0)) / 1024.0, 3),
+        gpus=gpus,
+        accelerator=model,
+        gpu_memory_gib=_GPU_MEMORY_GIB.get(model or "", 0.0) if gpus else 0.0,
+        arch="arm64" if family in ("t2a", "c4a", "a4x") else "amd64",
+    )
+
+
+def _region_of_zone(zone: str) -> str:
+    return zone.rsplit("-", 1)[0]
+
+
+def _last(link: str | None) -> str:
+    return str(link or "").rstrip("/").rsplit("/", 1)[-1]
+
+
+# -- libcloud wiring --------------------------------------------------------------------------------------
+
+
+def _driver_class(endpoint: str | None, ca_bundle: str | None, poll_interval_seconds: float) -> type[Any]:
+    """A GCE driver class whose connection goes to ``endpoint`` (host and port set on a connection subclass:
+    Libcloud's ``host``/``port`` driver kwargs collide with GCEConnection's positional arguments) and trusts
+    ``ca_bundle`` for that connection only (no global ``libcloud.security`` change)."""
+    url = urlparse(endpoint) if endpoint else None
+    attrs: dict[str, Any] = {"poll_interval": poll_interval_seconds, "hb_port": None, "hb_ca": ca_bundle}
+    if url is not None:
+        attrs["host"] = url.hostname
+        attrs["hb_port"] = url.port or (443 if url.scheme == "https" else 80)
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        GCEConnection.__init__(self, *args, **kwargs)
+        if self.hb_port:
+            self.port = self.hb_port
+
+    def connect(self: Any, *args: Any, **kwargs: Any) -> None:
+        GCEConnection.connect(self, *args, **kwargs)
+        if self.hb_ca:
+            self.connection.ca_cert = self.hb_ca
+
+    attrs.update({"__init__": __init__, "connect": connect})
+    conn_cls = type("HbGCEConnection", (GCEConnection,), attrs)
+    return type("HbGCENodeDriver", (GCENodeDriver,), {"connectionCls": conn_cls})
+
+
+class GcpProvider:
+    """Compute Engine instances in ``zones`` of ``project`` (see the module docstring for the contract).
+
+    ``image`` is the boot image (a family URL is fine), ``network`` the VPC network name, ``disk_gb`` the
+    boot disk size; ``poll_interval_seconds`` is how often GCE operations are polled."""
+
+    name = "gcp"
+    capabilities = frozenset(
+        {Capability.SPOT, Capability.GPUS, Capability.MULTI_NODE, Capability.TAGS, Capability.LIVE_PRICES}
+    )
+
+    def __init__(
+        self,
+        project: str | None = None,
+        *,
+        zones: Iterable[str] = ("us-central1-a",),
+        credentials_file: str | None = None,
+        endpoint: str | None = None,
+        billing_url: str = DEFAULT_BILLING_URL,
+        ca_bundle: str | None = None,
+        token_cache: str | None = None,
+        image: str = DEFAULT_IMAGE,
+        network: str = "default",
+        disk_gb: int = 20,
+        poll_interval_seconds: float = 2.0,
+    ) -> None:
+        path = credentials_file or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+        if not path:
+            raise AuthError(
+                "gcp: no service-account key. To fix: set GOOGLE_APPLICATION_CREDENTIALS to a service-account "
+                "JSON key (or pass credentials_file).",
+                provider="gcp",
+            )
+        try:
+            key = json.loads(Path(path).read_text())
+            email = str(key["client_email"])
+            if "private_key" not in key:
+                raise KeyError("private_key")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise AuthError(
+                f"gcp: cannot use {path} as a service-account key ({type(exc).__name__}: {exc}). To fix: "
+                "download a JSON key of a service account from IAM and point GOOGLE_APPLICATION_CREDENTIALS at it.",
+                provider="gcp",
+            ) from exc
+        proj = project or os.environ.get("GOOGLE_CLOUD_PROJECT") or key.get("project_id")
+        if not proj:
+            raise AuthError("gcp: no project. To fix: set GOOGLE_CLOUD_PROJECT.", provider="gcp")
+        self.project = str(proj)
+        self.zones = list(zones)
+        if not self.zones:
+            raise InvalidRequestError("gcp: no zone configured. To fix: set BROKER_GCP_ZONES.", provider="gcp")
+        self.credentials_file = path
+        self.service_account = email
+        self.endpoint = endpoint
+        self.billing_url = billing_url.rstrip("/")
+        self.ca_bundle = ca_bundle
+        self.token_cache = token_cache
+        self.image = image
+        self.network = network
+        self.disk_gb = disk_gb
+        self.poll_interval_seconds = poll_interval_seconds
+        self._driver_cls = _driver_class(endpoint, ca_bundle, poll_interval_seconds)
+        self._drv: Any = None
+        self._lock = threading.Lock()
+        self._errors: list[ProviderError] = []
+        self._ended: set[str] = set()  # ids we terminated, or whose preemption was already reported
+        self.last_provenance: list[Provenance] = []
+
+    # -- clients ----------------------------------------------------------------------------------------
+
+    def _driver(self) -> Any:
+        with self._lock:
+            if self._drv is None:
+                with map_errors(self.name):
+                    self._drv = self._driver_cls(
+                        self.service_account, self.credentials_file, project=self.project, auth_type="SA",
+                        scopes=SCOPES, credential_file=self.token_cache,
+                    )
+            return self._drv
+
+    def _pages(self, path: str, params: Mapping[str, str] | None = None) -> Iterator[dict[str, Any]]:
+        """Every page of a Compute API list call (``pageToken`` / ``nextPageToken``)."""
+        drv = self._driver()
+        token: str | None = None
+        for _ in range(10_000):
+            p = dict(params or {}) | {"maxResults": "500"}
+            if token:
+                p["pageToken"] = token
+            body = drv.connection.request(path, method="GET", params=p).object
+            yield body
+            token = body.get("nextPageToken") or None
+            if not token:
+                return
+
+    def _zones_of(self, region: str) -> list[str]:
+        """Configured zones of ``region``; else every zone GCE lists for it (``GET /zones``, cached)."""
+        mine = [z for z in self.zones if _region_of_zone(z) == region]
+        if mine:
+            return mine
+        drv = self._driver()
+        return sorted(z.name for z in drv.zone_dict.values() if _last(z.extra.get("region")) == region)
+
+    # -- offers -----------------------------------------------------------------------------------------------
+
+    def _billing_skus(self) -> list[dict[str, Any]]:
+        url = f"{self.billing_url}/v1/services/{COMPUTE_SERVICE_ID}/skus"
+        token = self._driver().connection.oauth2_credential.access_token
+        verify: Any = self.ca_bundle or True
+        skus: list[dict[str, Any]] = []
+        with map_errors(self.name), httpx.Client(timeout=60.0, verify=verify,
+                                                 headers={"Authorization": f"Bearer {token}"}) as http:
+            params = {"currencyCode": "USD", "pageSize": "5000"}
+            for _ in range(10_000):
+                resp = http.get(url, params=params)
+                resp.raise_for_status()
+                body = resp.json()
+                skus.extend(body.get("skus") or [])
+                nxt = body.get("nextPageToken")
+                if not nxt:
+                    break
+                params = params | {"pageToken": nxt}
+        return skus
+
+    def offers(self) -> list[Offer]:
+        """On-demand and spot offers of every machine type the configured zones sell and the Billing
+        Catalog prices, one per (type, region, capacity); N1 types also with each attachable GPU."""
+        self.last_provenance = []
+        skus = self._billing_skus()
+        rates = parse_billing_skus(skus)
+        shapes: dict[str, dict[str, InstanceType]] = {}  # region -> name -> shape
+        gpus: dict[str, dict[str, int]] = {}  # region -> attachable model -> max cards
+        for zone in self.zones:
+            region = _region_of_zone(zone)
+            with map_errors(self.name, region):
+                for page in self._pages(f"/zones/{zone}/machineTypes"):
+                    for raw in page.get("items") or []:
+                        if raw.get("deprecated"):
+                            continue
+                        shapes.setdefault(region, {})[raw["name"]] = _to_instance_type(raw)
+                for page in self._pages(f"/zones/{zone}/acceleratorTypes"):
+                    for acc in page.get("items") or []:
+                        model = accelerator_of(str(acc.get("name", "")))
+                        have = gpus.setdefault(region, {})
+                        have[model] = max(have.get(model, 0), int(acc.get("maximumCardsPerInstance", 0)))
+        out: list[Offer] = []
+        dropped = 0
+        for region in sorted(shapes):
+            loc = Location("gcp", region, None, continent=_continent(region))
+            for name in sorted(shapes[region]):
+                shape = shapes[region][name]
+                for cap in (Capacity.ON_DEMAND, Capacity.SPOT):
+                    usd = price_machine_type(rates, region, shape, cap)
+                    if usd is None:
+                        dropped += cap is Capacity.ON_DEMAND
+                        continue
+                    out.append(Offer(shape, loc, cap, usd, "gcp-billing-catalog"))
+                    if name.startswith("n1-"):
+                        out.extend(self._attached(rates, region, loc, shape, cap, gpus.get(region, {})))
+        self.last_provenance.append(
+            Provenance(source=f"gcp:{self.billing_url}", date=datetime.now(UTC).date().isoformat(),
+                       rows=rates.rows, offers=len(out), dropped=dropped, provider="gcp")
+        )
+        return out
+
+    @staticmethod
+    def _attached(rates: BillingRates, region: str, loc: Location, shape: InstanceType, cap: Capacity,
+                  models: Mapping[str, int]) -> list[Offer]:
+        out = []
+        for model, max_cards in sorted(models.items()):
+            for n, (max_cpu, max_mem) in sorted(N1_GPU_LIMITS.get(model, {}).items()):
+                if n > max_cards or shape.vcpus > max_cpu or shape.memory_gib > max_mem:
+                    continue
+                usd = price_machine_type(rates, region, shape, cap, extra_gpu=(model, n))
+                if usd is None:
+                    continue
+                it = InstanceType(f"{shape.name}+{model}:{n}", shape.vcpus, shape.memory_gib, gpus=n,
+                                  accelerator=model, gpu_memory_gib=_GPU_MEMORY_GIB.get(model, 0.0))
+                out.append(Offer(it, loc, cap, usd, "gcp-billing-catalog"))
+        return out
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+
+    def _to_instance(self, raw: Mapping[str, Any]) -> Instance:
+        """A GCE ``instance`` resource as an :class:`Instance` (tags from metadata ``hb-tags``, else labels)."""
+        zone = _last(raw.get("zone"))
+        tags: dict[str, str] = dict(raw.get("labels") or {})
+        for item in (raw.get("metadata") or {}).get("items") or []:
+            if item.get("key") == TAGS_METADATA_KEY:
+                try:
+                    tags = {str(k): str(v) for k, v in json.loads(item.get("value") or "{}").items()}
+                except (ValueError, AttributeError):
+                    pass
+        created = raw.get("creationTimestamp")
+        try:
+            launched_at = datetime.fromisoformat(str(created)) if created else None
+        except ValueError:
+            launched_at = None
+        machine = _last(raw.get("machineType"))
+        accs = raw.get("guestAccelerators") or []
+        if accs:
+            a = accs[0]
+            machine += f"+{accelerator_of(_last(a.get('acceleratorType')))}:{int(a.get('acceleratorCount', 0))}"
+        return Instance(
+            id=f"{zone}/{raw['name']}",
+            provider="gcp",
+            region=_region_of_zone(zone),
+            instance_type=machine,
+            state=_STATE.get(str(raw.get("status", "")), InstanceState.UNKNOWN),
+            zone=zone,
+            tags=tags,
+            launched_at=launched_at,
+        )
+
+    def _list_raw(self, tags: Mapping[str, str] | None, request_id: str | None = None) -> list[dict[str, Any]]:
+        """Our instances (label ``hb-request`` set) whose labels match ``tags``, across all zones
+        (``GET /aggregated/instances?filter=...``, paged). Libcloud's ``list_nodes`` takes no filter and
+        looks up every boot disk, so the driver's connection is used directly."""
+        out: list[dict[str, Any]] = []
+        with map_errors(self.name, None, request_id):
+            for page in self._pages("/aggregated/instances", {"filter": _label_filter(tags)}):
+                for scoped in (page.get("items") or {}).values():
+                    out.extend(scoped.get("instances") or [])
+        return out
+
+    def _create_one(self, drv: Any, offer: Offer, zone: str, name: str, tags: Mapping[str, str]) -> Any:
+        host, model, n = split_gpu_type(offer.instance_type.name)
+        kwargs: dict[str, Any] = {}
+        if model:
+            kwargs |= {"ex_accelerator_type": _gce_accelerator_name(model), "ex_accelerator_count": n,
+                       "ex_on_host_maintenance": "TERMINATE"}
+        elif offer.instance_type.gpus:
+            kwargs["ex_on_host_maintenance"] = "TERMINATE"  # bundled GPUs (a2, g2...) cannot live-migrate
+        disk = {"autoDelete": True, "boot": True, "type": "PERSISTENT", "mode": "READ_WRITE", "deviceName": name,
+                "initializeParams": {"diskName": name, "diskSizeGb": self.disk_gb,
+                                     "diskType": f"zones/{zone}/diskTypes/pd-balanced",
+                                     "sourceImage": self.image}}
+        try:
+            return drv.create_node(
+                name, host, None, location=zone, ex_network=self.network, ex_disks_gce_struct=[disk],
+                ex_disk_type=None, ex_labels=gce_labels(tags),
+                ex_metadata={TAGS_METADATA_KEY: json.dumps(dict(tags), sort_keys=True)},
+                ex_preemptible=True if offer.capacity is Capacity.SPOT else None, **kwargs,
+            )
+        except ResourceExistsError:  # created by an earlier try of this request: adopt it
+            return drv.ex_get_node(name, zone)
+
+    def launch(
+        self,
+        offer: Offer,
+        count: int,
+        request_id: str,
+        *,
+        tags: Mapping[str, str],
+        job: JobSpec | None = None,
+    ) -> list[Instance]:
+        """Create ``count`` instances of ``offer`` (idempotent per ``request_id``; see the module docstring
+        for zone choice). Raises the typed error of the last zone tried."""
+        if count < 1:
+            raise InvalidRequestError(f"gcp: count must be >= 1, got {count}.", provider="gcp")
+        all_tags = launch_tags(tags, request_id)
+        digest = hashlib.sha256(request_id.encode()).hexdigest()[:10]
+        names = [f"hb-{digest}-{n}" for n in range(count)]
+        have = {r["name"]: r for r in self._list_raw({TAG_REQUEST: request_id}, request_id)
+                if self._to_instance(r).tags.get(TAG_REQUEST) == request_id}
+        pinned = sorted({_last(r.get("zone")) for r in have.values()})
+        zones = pinned[:1] or ([offer.location.zone] if offer.location.zone else self._zones_of(offer.region))
+        if not zones:
+            raise InvalidRequestError(
+                f"gcp: no zone of region {offer.region} is known. To fix: add one to BROKER_GCP_ZONES.",
+                provider="gcp", region=offer.region, request_id=request_id,
+            )
+        drv = self._driver()
+        with map_errors(self.name, offer.region, request_id):
+            known = drv.zone_dict
+        unknown = [z for z in zones if z not in known]
+        if unknown:
+            raise InvalidRequestError(
+                f"gcp: zone(s) {', '.join(unknown)} do not exist in project {self.project}. To fix: use zones "
+                "`GET /zones` lists (BROKER_GCP_ZONES).",
+                provider="gcp", region=offer.region, request_id=request_id,
+            )
+        last: ProviderError | None = None
+        for zone in zones:
+            made: list[Instance] = []
+            try:
+                with map_errors(self.name, offer.region, request_id):
+                    for name in names:
+                        if name in have:
+                            made.append(self._to_instance(have[name]))
+                            continue
+                        node = self._create_one(drv, offer, zone, name, all_tags)
+                        made.append(self._node_instance(node))
+                return made
+            except (CapacityError, InvalidRequestError) as exc:
+                # Next zone only while nothing of this request exists (a gang stays in one zone).
+                if have or made or pinned:
+                    raise
+                last = exc
+        assert last is not None
+        raise last
+
+    def _node_instance(self, node: Any) -> Instance:
+        extra = node.extra or {}
+        raw = {"name": node.name, "zone": getattr(extra.get("zone"), "name", ""), "status": extra.get("status"),
+               "machineType": extra.get("machineType"), "labels": extra.get("labels"),
+               "metadata": extra.get("metadata"), "creationTimestamp": extra.get("creationTimestamp"),
+               "guestAccelerators": extra.get("guestAccelerators")}
+        return self._to_instance(raw)
+
+    def instances(self, tags: Mapping[str, str] | None = None) -> list[Instance]:
+        """Our instances whose (original) tags include ``tags``. A spot instance found stopped that we did not
+        terminate was preempted: a ``CapacityError`` for it is queued for :meth:`poll_errors`."""
+        out: list[Instance] = []
+        for raw in self._list_raw(tags):
+            inst = self._to_instance(raw)
+            if not matches_tags(inst.tags, tags):
+                continue
+            preemptible = bool((raw.get("scheduling") or {}).get("preemptible"))
+            if preemptible and inst.state is InstanceState.TERMINATED:
+                with self._lock:
+                    if inst.id not in self._ended:
+                        self._ended.add(inst.id)
+                        self._errors.append(CapacityError(
+                            f"gcp:{inst.region}: spot instance {inst.id} was preempted. To fix: nothing; the "
+                            "broker reschedules the job (use on-demand capacity to avoid preemption).",
+                            provider="gcp", region=inst.region, request_id=inst.tags.get(TAG_REQUEST),
+                            code="preempted", retryable=True,
+                        ))
+            out.append(inst)
+        return out
+
+    def terminate(self, ids: Sequence[str], request_id: str) -> None:
+        """Delete instances ``<zone>/<name>`` (and their auto-delete boot disks); unknown ids are ignored."""
+        if not ids:
+            return
+        drv = self._driver()
+        for ident in ids:
+            zone, _, name = ident.rpartition("/")
+            if not zone or not name:
+                continue
+            with self._lock:
+                self._ended.add(ident)
+            with map_errors(self.name, _region_of_zone(zone), request_id):
+                if zone not in drv.zone_dict:
+                    continue
+                try:
+                    node = drv.ex_get_node(name, zone)
+                    drv.destroy_node(node)
+                except ResourceNotFoundError:
+                    continue
+
+    def poll_errors(self) -> list[ProviderError]:
+        with self._lock:
+            out, self._errors = self._errors, []
+            return out
+
+
+def _continent(region: str) -> str:
+    try:
+        from pricing.geo import continent_of
+    except ImportError:  # pricing is optional for the adapter
+        return ""
+    return continent_of("gcp", region)
