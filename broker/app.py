@@ -217,6 +217,25 @@ def _error(status: int, message: str, field: str | None = None) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
+class _RefuseNulMiddleware:
+    """Answer 422 to a URL carrying a NUL character (``%00``): no database stores it in text, and PostgreSQL
+    would turn it into an error deep in a query."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            raw = scope.get("raw_path") or scope.get("path", "").encode("utf-8", "surrogatepass")
+            query = scope.get("query_string", b"")
+            path = scope.get("path", "")
+            if any(b in part for b in (b"\x00", b"%00") for part in (raw, query)) or "\x00" in path:
+                await JSONResponse({"detail": "the URL contains a NUL character. To fix: remove it"},
+                                   status_code=422)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(SpecError)
     async def _spec(_: Request, exc: SpecError) -> JSONResponse:
@@ -237,6 +256,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(BrokerError)
     async def _broker(_: Request, exc: BrokerError) -> JSONResponse:
         return _error(400, str(exc))
+
+    @app.exception_handler(sa.exc.DataError)
+    async def _data(_: Request, exc: sa.exc.DataError) -> JSONResponse:
+        return _error(422, f"a value cannot be stored as given ({type(exc.orig).__name__}). To fix: check the input")
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -317,6 +340,7 @@ def create_app(
     )
     app.state.hb = state
     _install_error_handlers(app)
+    app.add_middleware(_RefuseNulMiddleware)
 
     from broker.api import router
 

@@ -90,7 +90,8 @@ class BrokerClient:
         except ValueError:
             detail, field = None, None
         if not isinstance(detail, str):
-            detail = json.dumps(detail) if detail is not None else (response.text.strip()[:300] or response.reason_phrase)
+            fallback = response.text.strip()[:300] or response.reason_phrase
+            detail = json.dumps(detail) if detail is not None else fallback
         if response.status_code == 422:
             return SpecError(field or "", detail.removeprefix(f"{field}: ") if field else detail)
         return ApiError(response.status_code, f"{detail} (HTTP {response.status_code})")

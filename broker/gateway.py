@@ -332,6 +332,7 @@ class Gateway:
                     q = select(UplinkRow.msg_id).where(UplinkRow.device_id == d, col(UplinkRow.msg_id).in_(chunk))
                     seen.update((d, m) for m in s.exec(q).all())
             rows: list[dict[str, Any]] = []
+            last_seq = {d: dev.last_seq for d, dev in devs.items()}  # ORM attribute writes are slow: once/batch
             for topic, d, env in parsed:
                 dev = devs.get(d)
                 try:
@@ -348,13 +349,14 @@ class Gateway:
                         self.duplicates += 1
                         acks.setdefault(d, []).append(env.id)
                         raise protocol.Rejected(protocol.DUPLICATE, f"id {env.id}")
-                    if env.seq <= dev.last_seq:
-                        raise protocol.Rejected(protocol.REPLAY, f"seq {env.seq} <= {dev.last_seq}")
-                    if env.seq != dev.last_seq + 1:
+                    last = last_seq[d]
+                    if env.seq <= last:
+                        raise protocol.Rejected(protocol.REPLAY, f"seq {env.seq} <= {last}")
+                    if env.seq != last + 1:
                         # Uplink seqs are contiguous: something before this one was lost on the way (e.g.
                         # published while no gateway was subscribed). Refuse; the agent goes back and re-sends.
-                        expect[d] = dev.last_seq + 1
-                        raise protocol.Rejected(protocol.GAP, f"seq {env.seq}, expected {dev.last_seq + 1}")
+                        expect[d] = last + 1
+                        raise protocol.Rejected(protocol.GAP, f"seq {env.seq}, expected {last + 1}")
                 except protocol.Rejected as rej:
                     if rej.reason in (protocol.DUPLICATE, protocol.GAP):
                         self.rejections.add(rej.reason)  # redelivery / loss upstream: counted, not a threat
@@ -363,9 +365,7 @@ class Gateway:
                     continue
                 assert dev is not None
                 seen.add((d, env.id))
-                dev.last_seq = env.seq
-                dev.last_seen = now
-                dev.online = True
+                last_seq[d] = env.seq
                 rows.append({"device_id": d, "msg_id": env.id, "seq": env.seq, "kind": env.kind, "ts_ms": env.ts,
                              "body": json.dumps(env.body, separators=(",", ":")), "received_at": now})
                 acks.setdefault(d, []).append(env.id)
@@ -374,8 +374,10 @@ class Gateway:
             if rows:
                 s.execute(sa.insert(UplinkRow), rows)
                 stored = len(rows)
-            for dev in devs.values():
-                s.add(dev)
+            for d, dev in devs.items():
+                if last_seq[d] != dev.last_seq:
+                    dev.last_seq, dev.last_seen, dev.online = last_seq[d], now, True
+                    s.add(dev)
         self.accepted += stored
         p = _prom_counters()
         if p:
@@ -418,14 +420,12 @@ class Gateway:
                 dev.latency_ms = float(link["latency_ms"])
             if link.get("bandwidth_mbps") is not None:
                 dev.bandwidth_mbps = float(link["bandwidth_mbps"])
-        elif env.kind in ("status", "result"):
+        elif env.kind == "status" or (env.kind == "result" and b.get("final")):  # partial results: stored only
             task_id = str(b.get("task_id") or "")
             task = s.get(EdgeTaskRow, task_id) if task_id else None
             if task is None or task.device_id != dev.id:
                 return
             state = str(b.get("state") or "")
-            if env.kind == "result" and not b.get("final"):
-                return
             if state == "running" and task.state == "dispatched":
                 task.state, task.updated_at = "running", now
                 effects.append((task.job_id, "RUNNING", None, {"task_id": task_id, "device": dev.id}))

@@ -438,9 +438,9 @@ class Scheduler:
         ranked: list[PlacementOption] = []
         seen: set[tuple[str, str, str, str]] = set()
         for opt in ([result.placement] if result.placement else []) + list(result.alternatives):
-            key = (opt.provider, opt.region, opt.instance_type, opt.capacity)
-            if opt.provider in enabled and key not in seen:
-                seen.add(key)
+            option_key = (opt.provider, opt.region, opt.instance_type, opt.capacity)
+            if opt.provider in enabled and option_key not in seen:
+                seen.add(option_key)
                 ranked.append(opt)
         if not ranked:
             return result, [], ""

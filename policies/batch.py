@@ -6,9 +6,13 @@ capacity *pool* (an on-prem host ``onprem:rack-a``, a cloud account's per-region
 an edge device); and each pool's :class:`PoolCapacity`. A job may stay unplaced at ``penalty_usd``
 (far above any cost, so the solvers place as many jobs as capacity allows first, then minimise dollars).
 
-* :func:`solve_heuristic` is the scheduler's fast path: jobs in order of *regret* (how much more their
-  second-best option costs) take their cheapest candidate with room; then a local search moves jobs to
-  cheaper candidates, evicting a job to its own next-best option when that saves money, until no move helps.
+* :func:`solve_heuristic` is the scheduler's fast path. It runs :func:`solve_lp_round` (the LP relaxation
+  solved by HiGHS's dual simplex; integral jobs are fixed, fractional ones fixed a few at a time by
+  re-solving the rest ("diving"), then a local search of single moves, one-job evictions and swaps), and for
+  batches under 500 jobs also :func:`solve_lagrangian` (capacity priced by subgradient steps on the
+  Lagrangian relaxation, vectorised with numpy; regret-ordered greedy under those prices; the same local
+  search), keeping the cheaper answer. The LP optimum is a lower bound, so every heuristic answer carries
+  a proven ``gap``. Without ``highspy`` the Lagrangian heuristic runs alone (pure numpy + Python).
 * :func:`solve_exact` builds the mixed-integer model (binary x[j,c]; sum_c x[j,c] + u[j] = 1;
   sum x[j,c] * use[c,r] <= cap[p,r] per pool p and resource r) and solves it with HiGHS (``highspy``),
   within a time limit, reporting the optimality gap.
@@ -38,13 +42,13 @@ __all__ = [
     "default_penalty",
     "solve_heuristic",
     "solve_lp_round",
+    "solve_lagrangian",
     "solve_exact",
     "evaluate",
     "gap",
 ]
 
 _EPS = 1e-9
-_DEBUG = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +182,12 @@ class _State:
         self.by_cost: list[list[int]] = [
             sorted(range(self.start[j], self.start[j + 1]), key=self.cost.__getitem__) for j in range(n)
         ]
+        self.in_pool: list[dict[int, int]] = []
+        for j in range(n):
+            m: dict[int, int] = {}
+            for c in reversed(self.by_cost[j]):
+                m[self.pool[c]] = c
+            self.in_pool.append(m)
         self.reset()
 
     def reset(self) -> None:
@@ -202,6 +212,41 @@ class _State:
         self.left_gpu[p] -= self.gpu[c]
         self.choice[j] = c
         self.members.setdefault(p, set()).add(j)
+
+    def unassign(self, j: int) -> None:
+        old = self.choice[j]
+        if old >= 0:
+            q = self.pool[old]
+            self.left_cpu[q] += self.cpu[old]
+            self.left_gpu[q] += self.gpu[old]
+            self.members[q].discard(j)
+            self.choice[j] = -1
+
+    def _best_swap(self, j: int, c: int, max_scan: int) -> tuple[float, int, int] | None:
+        """A job ``k`` in ``c``'s pool that can take ``j``'s place (its candidate in ``j``'s pool) so that
+        ``j`` moves to ``c``, if the swap saves money: ``(delta, k, k's new candidate)``."""
+        cost, cpu, gpu, pool = self.cost, self.cpu, self.gpu, self.pool
+        cj = self.choice[j]
+        p, q = pool[c], pool[cj]
+        best: tuple[float, int, int] | None = None
+        for scanned, k in enumerate(self.members.get(p, ())):
+            if scanned >= max_scan:
+                break
+            if k == j:
+                continue
+            ck = self.choice[k]
+            alt = self.in_pool[k].get(q)
+            if alt is None:
+                continue
+            # after the swap: p loses k, gains j; q loses j, gains k
+            if cpu[c] > self.left_cpu[p] + cpu[ck] + _EPS or gpu[c] > self.left_gpu[p] + gpu[ck] + _EPS:
+                continue
+            if cpu[alt] > self.left_cpu[q] + cpu[cj] + _EPS or gpu[alt] > self.left_gpu[q] + gpu[cj] + _EPS:
+                continue
+            delta = cost[c] - cost[cj] + cost[alt] - cost[ck]
+            if delta < -1e-7 and (best is None or delta < best[0]):
+                best = (delta, k, alt)
+        return best
 
     def current(self, j: int) -> float:
         c = self.choice[j]
@@ -257,6 +302,15 @@ class _State:
                             delta = (cost[c] - here) + (cost[alt] - cost[ck])
                             if delta < -1e-7 and (best is None or delta < best[0]):
                                 best = (delta, k, alt)
+                            break
+                    if best is None and self.choice[j] >= 0:
+                        best = self._best_swap(j, c, max_scan)
+                        if best is not None:
+                            _, k, alt = best
+                            self.unassign(j)
+                            self.move(k, alt)
+                            self.move(j, c)
+                            improved = True
                             break
                     if best is not None:
                         _, k, alt = best
@@ -326,7 +380,7 @@ class _State:
                     break
 
 
-def solve_heuristic(
+def solve_lagrangian(
     jobs: Sequence[BatchJob],
     capacity: Mapping[str, PoolCapacity],
     *,
@@ -334,10 +388,10 @@ def solve_heuristic(
     iterations: int = 150,
     repair_every: int = 25,
     stall_limit: int = 8,
-    theta0: float = 0.2,
+    theta0: float = 0.02,
     max_passes: int = 8,
     max_scan: int = 64,
-    polish: int = 2,
+    polish: int | None = None,
 ) -> BatchResult:
     """Lagrangian-priced greedy plus local search. Deterministic; pools missing from ``capacity`` are
     unlimited.
@@ -354,7 +408,7 @@ def solve_heuristic(
     n = len(jobs)
     st = _State(arr, n, penalty)
     if n == 0:
-        return _finish(jobs, arr, [], penalty, "heuristic", t0)
+        return _finish(jobs, arr, [], penalty, "lagrangian", t0)
     counts = np.diff(arr.start)
     has = counts > 0
     job_of = np.repeat(np.arange(n), counts)
@@ -394,7 +448,6 @@ def solve_heuristic(
     best_lam = (lam_c, lam_g)
     stall = 0
     seg = arr.start[:-1][has]
-    idx = np.arange(len(arr.cost))
     for it in range(1, iterations + 1):
         rc = arr.cost + lam_c[arr.pool] * arr.cpu + lam_g[arr.pool] * arr.gpu
         mins = np.full(n, penalty)
@@ -407,8 +460,6 @@ def solve_heuristic(
             first = at_min[np.r_[True, job_of[at_min][1:] != job_of[at_min][:-1]]]
             chosen_mask[first[rc[first] < penalty]] = True
         bound = float(mins.sum() - lam_c @ cap_c - lam_g @ cap_g)
-        if _DEBUG:
-            print(it, bound, theta, float(lam_c.max()), float(lam_g.max()))
         if bound > best_bound + 1e-9:
             best_bound, best_lam, stall = bound, (lam_c, lam_g), 0
         else:
@@ -432,10 +483,10 @@ def solve_heuristic(
         if it % repair_every == 0:
             attempt(rc, None)
     attempt(arr.cost + best_lam[0][arr.pool] * arr.cpu + best_lam[1][arr.pool] * arr.gpu, None)
-    del idx
     best_choice: list[int] | None = None
     best_obj = math.inf
-    for _, choice, job_order in sorted(greedy_results, key=lambda r: r[0])[:polish]:
+    keep = polish if polish is not None else (10 if n < 1000 else 2)
+    for _, choice, job_order in sorted(greedy_results, key=lambda r: r[0])[:keep]:
         st.reset()
         for j, c in enumerate(choice):
             if c >= 0:
@@ -447,7 +498,7 @@ def solve_heuristic(
         if obj < best_obj - 1e-9:
             best_obj, best_choice = obj, list(st.choice)
     assert best_choice is not None
-    return _finish(jobs, arr, best_choice, penalty, "heuristic", t0, lower_bound_usd=max(best_bound, 0.0))
+    return _finish(jobs, arr, best_choice, penalty, "lagrangian", t0, lower_bound_usd=max(best_bound, 0.0))
 
 
 def _model(arr: _Arrays, n: int, penalty: float, *, integer: bool) -> tuple[Any, np.ndarray]:
@@ -533,6 +584,9 @@ def solve_lp_round(
     penalty_usd: float | None = None,
     max_passes: int = 2,
     max_scan: int = 32,
+    max_rounds: int = 400,
+    dive: int = 4,
+    full_search_below: int = 2500,
 ) -> BatchResult:
     """LP relaxation (HiGHS simplex) rounded to an assignment; the LP optimum is reported as
     ``lower_bound_usd``, so ``gap`` bounds how far from optimal the answer can be.
@@ -549,23 +603,47 @@ def solve_lp_round(
     n = len(jobs)
     if n == 0:
         return _finish(jobs, arr, [], penalty, "lp-round", t0)
-    lp, job_of = _model(arr, n, penalty, integer=False)
-    h = _highs(lp, time_limit_seconds=60.0, threads=1)
-    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-        return solve_heuristic(jobs, capacity, penalty_usd=penalty)
-    nc = len(arr.cost)
-    x = np.asarray(h.getSolution().col_value)[:nc]
-    bound = float(h.getInfo().objective_function_value)
     st = _State(arr, n, penalty)
-    integral = np.flatnonzero(x > 1 - 1e-7)
-    fixed = np.zeros(n, dtype=bool)
-    for c in integral.tolist():
-        j = int(job_of[c])
-        if not fixed[j] and st.fits(c):
-            st.move(j, c)
-            fixed[j] = True
-    rest = np.flatnonzero(~fixed).tolist()
-    weight = {int(c): float(x[c]) for c in np.flatnonzero((x > 1e-7) & (x <= 1 - 1e-7)).tolist()}
+    pool_names = arr.pools
+    remaining = list(range(n))
+    weight: dict[int, float] = {}
+    bound: float | None = None
+    for _ in range(max_rounds):
+        sub = [jobs[j] for j in remaining]
+        caps = {p: PoolCapacity(max(0.0, st.left_cpu[i]), max(0.0, st.left_gpu[i])) for i, p in enumerate(pool_names)}
+        sub_arr = _Arrays(sub, caps)
+        lp, sub_job_of = _model(sub_arr, len(sub), penalty, integer=False)
+        h = _highs(lp, time_limit_seconds=60.0, threads=1)
+        if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            break
+        x = np.asarray(h.getSolution().col_value)[: len(sub_arr.cost)]
+        if bound is None:
+            bound = float(h.getInfo().objective_function_value)
+        # sub candidate k of local job i is global candidate start[remaining[i]] + (k - sub_start[i])
+        glob = arr.start[np.asarray(remaining)][sub_job_of] + (np.arange(len(x)) - sub_arr.start[sub_job_of])
+        weight = {int(g): float(v) for g, v in zip(glob.tolist(), x.tolist(), strict=True) if v > 1e-7}
+        order_idx = np.argsort(-x, kind="stable")
+        fixed_any = False
+        fractional_fixed = 0
+        for k in order_idx.tolist():
+            v = float(x[k])
+            if v <= 1e-7:
+                break
+            if v < 1 - 1e-7:
+                if fractional_fixed >= dive:
+                    continue
+            j = remaining[int(sub_job_of[k])]
+            c = int(glob[k])
+            if st.choice[j] < 0 and st.fits(c):
+                st.move(j, c)
+                fixed_any = True
+                fractional_fixed += v < 1 - 1e-7
+        remaining = [j for j in remaining if st.choice[j] < 0]
+        if not fixed_any or len(remaining) <= 1:
+            break
+    if bound is None:
+        return solve_lagrangian(jobs, capacity, penalty_usd=penalty)
+    rest = list(remaining)
     rest.sort(key=lambda j: (-max((weight.get(c, 0.0) for c in st.by_cost[j]), default=0.0), j))
     for j in rest:
         for c in sorted(st.by_cost[j], key=lambda c: (-weight.get(c, 0.0), st.cost[c])):
@@ -573,11 +651,35 @@ def solve_lp_round(
                 st.move(j, c)
                 break
     st.place_unplaced(max_scan)
-    order = rest + [j for j in range(n) if fixed[j]]
-    st.local_search(order, max_passes, max_scan)
+    st.local_search(list(range(n)) if n <= full_search_below else rest, max_passes, max_scan)
     result = _finish(jobs, arr, st.choice, penalty, "lp-round", t0, status="heuristic", lower_bound_usd=bound)
     rel = (result.objective_usd - bound) / max(abs(result.objective_usd), 1e-9)
     return replace(result, gap=max(0.0, rel))
+
+
+def solve_heuristic(
+    jobs: Sequence[BatchJob],
+    capacity: Mapping[str, PoolCapacity],
+    *,
+    penalty_usd: float | None = None,
+    both_below: int = 500,
+) -> BatchResult:
+    """The scheduler's fast batch placement: :func:`solve_lp_round` (LP relaxation with HiGHS, diving,
+    local search), and for batches under ``both_below`` jobs also :func:`solve_lagrangian`; the cheaper
+    answer wins. Without ``highspy`` only the Lagrangian heuristic runs. Never breaks a capacity limit."""
+    t0 = time.perf_counter()
+    try:
+        import highspy  # noqa: F401
+    except ImportError:
+        return solve_lagrangian(jobs, capacity, penalty_usd=penalty_usd)
+    best = solve_lp_round(jobs, capacity, penalty_usd=penalty_usd)
+    if len(jobs) < both_below:
+        other = solve_lagrangian(jobs, capacity, penalty_usd=penalty_usd)
+        if other.objective_usd < best.objective_usd - 1e-9:
+            best = replace(other, lower_bound_usd=best.lower_bound_usd)
+    bound = best.lower_bound_usd
+    rel = None if bound is None else max(0.0, (best.objective_usd - bound) / max(abs(best.objective_usd), 1e-9))
+    return replace(best, seconds=time.perf_counter() - t0, gap=rel)
 
 
 def solve_exact(

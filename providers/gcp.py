@@ -35,7 +35,7 @@ import os
 import re
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -280,7 +280,7 @@ def price_machine_type(
         if g is None:
             return None
         usd += n * g
-    return round(usd, 6)
+    return round(usd, 9)  # nanos: the Billing Catalog's own precision
 
 
 def _to_instance_type(raw: Mapping[str, Any]) -> InstanceType:
@@ -600,7 +600,8 @@ class GcpProvider:
         digest = hashlib.sha256(request_id.encode()).hexdigest()[:10]
         names = [f"hb-{digest}-{n}" for n in range(count)]
         have = {r["name"]: r for r in self._list_raw({TAG_REQUEST: request_id}, request_id)
-                if self._to_instance(r).tags.get(TAG_REQUEST) == request_id}
+                if (i := self._to_instance(r)).tags.get(TAG_REQUEST) == request_id
+                and i.state is not InstanceState.TERMINATED}
         pinned = sorted({_last(r.get("zone")) for r in have.values()})
         zones = pinned[:1] or ([offer.location.zone] if offer.location.zone else self._zones_of(offer.region))
         if not zones:
@@ -628,22 +629,32 @@ class GcpProvider:
                             made.append(self._to_instance(have[name]))
                             continue
                         node = self._create_one(drv, offer, zone, name, all_tags)
-                        made.append(self._node_instance(node))
+                        made.append(replace(self._node_instance(node), instance_type=offer.instance_type.name))
                 return made
             except (CapacityError, InvalidRequestError) as exc:
                 # Next zone only while nothing of this request exists (a gang stays in one zone).
                 if have or made or pinned:
                     raise
+                self._clear_zone(request_id, zone)  # an insert that failed late may have left an instance
                 last = exc
         assert last is not None
         raise last
 
+    def _clear_zone(self, request_id: str, zone: str) -> None:
+        """Best effort: delete what exists of ``request_id`` in ``zone`` before launching in another zone."""
+        try:
+            ids = [i.id for i in self.instances({TAG_REQUEST: request_id}) if i.zone == zone]
+            self.terminate(ids, request_id)
+        except ProviderError:
+            return
+
     def _node_instance(self, node: Any) -> Instance:
+        """A Libcloud ``Node`` as an :class:`Instance` (Libcloud drops ``guestAccelerators``: callers that
+        know the offer set ``instance_type``)."""
         extra = node.extra or {}
         raw = {"name": node.name, "zone": getattr(extra.get("zone"), "name", ""), "status": extra.get("status"),
                "machineType": extra.get("machineType"), "labels": extra.get("labels"),
-               "metadata": extra.get("metadata"), "creationTimestamp": extra.get("creationTimestamp"),
-               "guestAccelerators": extra.get("guestAccelerators")}
+               "metadata": extra.get("metadata"), "creationTimestamp": extra.get("creationTimestamp")}
         return self._to_instance(raw)
 
     def instances(self, tags: Mapping[str, str] | None = None) -> list[Instance]:

@@ -6,7 +6,7 @@ kept, so placements that recorded a version are never re-priced with today's pri
 Provider options come from the environment (see docs/PROVIDERS.md): ``BROKER_AWS_REGIONS``,
 ``BROKER_AWS_ENDPOINT_URL``, ``BROKER_AWS_PRICE_LIST_URL``, ``BROKER_AZURE_REGIONS``,
 ``BROKER_AZURE_BASE_URL``, ``BROKER_AZURE_PRICES_URL``, ``BROKER_GCP_ZONES``, ``BROKER_GCP_ENDPOINT``,
-``BROKER_GCP_BILLING_URL``, ``BROKER_CA_BUNDLE`` (TLS trust for the endpoints above).
+``BROKER_GCP_BILLING_URL``, ``BROKER_GCP_TOKEN_CACHE``, ``BROKER_CA_BUNDLE`` (TLS trust for the endpoints above).
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ def options_from_env(name: str, env: Mapping[str, str] | None = None) -> dict[st
             opts["endpoint"] = url
         if url := e.get("BROKER_GCP_BILLING_URL"):
             opts["billing_url"] = url
+        if path := e.get("BROKER_GCP_TOKEN_CACHE"):
+            opts["token_cache"] = path
         if ca:
             opts["ca_bundle"] = ca
     return opts

@@ -64,7 +64,7 @@ def create(name: str, **options: Any) -> Provider:
         if (exc.name or "").startswith("providers"):
             raise InvalidRequestError(
                 f"provider {name!r} has no adapter in this build yet ({exc.name}). To fix: use "
-                "`dryrun` for it, or one of aws, azure, onprem.",
+                "`dryrun` for it, or one of aws, azure, gcp, onprem.",
                 provider=name,
             ) from exc
         extra = {"aws": "aws", "azure": "azure"}.get(name, "server")
@@ -132,6 +132,10 @@ def _check_azure() -> ProviderCheck:
 
 
 def _check_gcp() -> ProviderCheck:
+    if not _has("libcloud"):
+        return ProviderCheck(
+            "gcp", False, "apache-libcloud is not installed. To fix: pip install 'hybrid-broker[server]'."
+        )
     path = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
     if not path:
         return ProviderCheck(
@@ -146,7 +150,7 @@ def _check_gcp() -> ProviderCheck:
         return ProviderCheck(
             "gcp", False, f"cannot read {path}: {exc}. To fix: check GOOGLE_APPLICATION_CREDENTIALS."
         )
-    if data.get("type") != "service_account" or "client_email" not in data:
+    if not isinstance(data, dict) or data.get("type") != "service_account" or "client_email" not in data:
         return ProviderCheck(
             "gcp", False, f"{path} is not a service-account key. To fix: create one in IAM and download it."
         )
@@ -155,7 +159,9 @@ def _check_gcp() -> ProviderCheck:
         return ProviderCheck(
             "gcp", False, "no project. To fix: set GOOGLE_CLOUD_PROJECT.", "service account " + path
         )
-    return ProviderCheck("gcp", True, "", f"service account {data['client_email']}")
+    return ProviderCheck(
+        "gcp", True, "", f"GOOGLE_APPLICATION_CREDENTIALS (service account {data['client_email']}, project {project})"
+    )
 
 
 def check() -> list[ProviderCheck]:

@@ -67,6 +67,7 @@ class Agent:
         self._unacked: OrderedDict[str, int] = OrderedDict()  # id -> seq, published but not acknowledged
         self._cursor = 0
         self._reset_cursor = True
+        self._acks: list[Mapping[str, Any]] = []
         self._last_progress = time.monotonic()
         self._handles: dict[str, TaskHandle] = {}
         self._threads: dict[str, threading.Thread] = {}
@@ -161,10 +162,13 @@ class Agent:
             log.warning("downlink rejected (%s) on %s: %s", rej.reason, topic, rej.detail)
             return
         self.verifier.accept(env)
+        if kind == "ack":  # applied in batches by the run loop, off the network thread (acks are idempotent)
+            with self._lock:
+                self._acks.append(env.body)
+            self._wake.set()
+            return
         self.store.set_meta("down_seq", str(env.seq))
-        if kind == "ack":
-            self._on_ack(env.body)
-        elif kind == "task":
+        if kind == "task":
             self._on_task(env.body)
         elif kind == "cancel":
             self._on_cancel(str(env.body.get("task_id", "")))
@@ -184,17 +188,23 @@ class Agent:
         elif known.state == "queued":
             self.store.set_task_state(task_id, "cancelled")
 
-    def _on_ack(self, body: Mapping[str, Any]) -> None:
-        ids = [str(i) for i in body.get("ids", [])]
+    def apply_acks(self) -> int:
+        """Delete every acknowledged message received since the last call, in one transaction."""
+        with self._lock:
+            bodies, self._acks = self._acks, []
+        if not bodies:
+            return 0
+        ids = [str(i) for b in bodies for i in b.get("ids", [])]
         self.store.ack(ids)
         with self._lock:
             self._last_progress = time.monotonic()
             for i in ids:
                 self._unacked.pop(i, None)
-            if "expect" in body:
+            if any("expect" in b for b in bodies):
                 # The gateway saw a gap (messages lost between us, e.g. in an MQTT broker restart):
                 # go back to the oldest unacknowledged message at once instead of waiting for the timer.
                 self._reset_cursor = True
+        return len(ids)
 
     def _on_task(self, body: Mapping[str, Any]) -> None:
         task_id = str(body.get("task_id", ""))
@@ -307,6 +317,7 @@ class Agent:
         try:
             while not self._stop.is_set():
                 self._wake.clear()
+                self.apply_acks()
                 sent = self.pump()
                 self._start_ready_tasks()
                 now = time.monotonic()

@@ -20,7 +20,7 @@ import numpy.typing as npt
 from broker.model import Request
 from pricing.catalog import Catalog
 
-__all__ = ["Verdict", "Context", "Check", "FilterFn", "Costs"]
+__all__ = ["Verdict", "Context", "Check", "FilterFn", "Costs", "BoolArray", "isin_codes"]
 
 BoolArray = npt.NDArray[np.bool_]
 Check = tuple[str, BoolArray]
@@ -68,3 +68,22 @@ class Costs:
     transfer_hours: npt.NDArray[np.float64]
     total_usd: npt.NDArray[np.float64]
     finish_hours: npt.NDArray[np.float64]
+
+
+_MAX_EQ = 12  # up to this many codes, OR-ed equality tests beat a gather over every row
+
+
+def isin_codes(col: np.ndarray, codes: np.ndarray) -> BoolArray:
+    """``col`` element in ``codes`` (small non-negative integer codes), fast for the few-codes case."""
+    if len(codes) == 0:
+        return np.zeros(len(col), dtype=bool)
+    if len(codes) <= _MAX_EQ:
+        # Python ints keep the column's small dtype (no promotion of the whole column to int64).
+        first, *rest = (int(c) for c in codes)
+        out = col == first
+        for c in rest:
+            out |= col == c
+        return out
+    table = np.zeros(max(int(col.max(initial=0)), int(codes.max())) + 1, dtype=bool)
+    table[codes] = True
+    return table.take(col)

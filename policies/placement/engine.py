@@ -37,7 +37,7 @@ from policies.placement import (
     price_cap,
     spot,
 )
-from policies.placement.base import Context, Costs, FilterFn, Verdict
+from policies.placement.base import Context, Costs, FilterFn, Verdict, isin_codes
 from policies.placement.explain import explain
 from pricing.catalog import CAPACITIES, Catalog
 from pricing.egress import EgressModel
@@ -60,7 +60,8 @@ REASONS: tuple[str, ...] = (
     *allowlist.REASONS, *spot.REASONS, *arch.REASONS, *accelerator.REASONS, *fit.REASONS, *outlier.REASONS,
     *price_cap.REASONS, *deadline.REASONS,
 )
-_CANDIDATES = 256  # rows ranked per round; doubled until enough diverse alternatives are found
+_CANDIDATES = 256  # rows ranked per round; widened until enough diverse alternatives are found
+_SCAN_STEP = 1024  # first price-ordered window of _scan (tests shrink it to exercise the bound logic)
 
 
 @lru_cache(maxsize=16)
@@ -87,18 +88,23 @@ def _validate(request: Request, parts: Sequence[Catalog], egress: EgressModel) -
         raise SpecError("spec", "nodes must be >= 1 and durationHours >= 0")
 
 
-def _costs(request: Request, cat: Catalog, idx: np.ndarray, egress: EgressModel, wait_hours: float) -> Costs:
-    n_loc = len(cat.locations)
-    egress_loc = np.zeros(n_loc)
-    hours_loc = np.zeros(n_loc)
+def _loc_costs(request: Request, cat: Catalog, egress: EgressModel) -> tuple[np.ndarray, np.ndarray]:
+    """Per catalog location: USD of moving every data input there, and hours it takes."""
+    usd = np.zeros(len(cat.locations))
+    hours = np.zeros(len(cat.locations))
     for d in request.data:
-        usd, hrs = egress.to_locations(d.location, d.size_gib, cat.locations)
-        egress_loc += usd
-        hours_loc += hrs
+        u, h = egress.to_locations(d.location, d.size_gib, cat.locations)
+        usd += u
+        hours += h
+    return usd, hours
+
+
+def _costs(request: Request, cat: Catalog, idx: np.ndarray, loc_usd: np.ndarray, loc_hours: np.ndarray,
+           wait_hours: float) -> Costs:
     loc = cat.loc_code[idx]
     hourly = cat.hourly_usd[idx]
-    transfer = hours_loc[loc]
-    egress_usd = egress_loc[loc]
+    transfer = loc_hours[loc]
+    egress_usd = loc_usd[loc]
     compute = hourly * request.nodes * (request.duration_hours + transfer)
     return Costs(
         idx=idx, hourly_usd=hourly, compute_usd=compute, egress_usd=egress_usd, transfer_hours=transfer,
@@ -106,20 +112,61 @@ def _costs(request: Request, cat: Catalog, idx: np.ndarray, egress: EgressModel,
     )
 
 
-def _prefix(alive: np.ndarray, n_alive: int, top: int) -> np.ndarray:
-    """Indices of the first feasible rows, enough to find ``top + 1`` distinct regions in practice:
-    grows until it holds that many distinct rows' worth of candidates or all of them."""
-    want = max(_CANDIDATES, 64 * (top + 1))
-    if n_alive <= want:
-        return np.flatnonzero(alive)
-    # Scan in growing windows so a cheap feasible prefix is found without touching every row.
-    stop = want
+def _scan(request: Request, cat: Catalog, alive: np.ndarray, loc_usd: np.ndarray, loc_hours: np.ndarray,
+          wait_hours: float, want: int) -> Costs:
+    """Costs of a subset of the feasible rows that provably holds the ``want`` best diverse options by cost.
+
+    Design choice: the catalog is sorted by hourly price and a row's total is ``hourly x A[loc] + B[loc]``
+    (``A`` = node-hours incl. transfer, ``B`` = egress). Scan a growing price-ordered prefix until ``want``
+    diverse picks exist; a later row of location ``L`` costs at least ``hourly[stop] x A[L] + B[L]``, so only
+    locations where that bound is within the dearest pick stay open. When none does, the prefix is final;
+    when a few do (the data's own region, typically), their remaining rows are added in one masked pass.
+    Thousands of rows get costed instead of every feasible one, and the answer is exact."""
     n = len(alive)
+    a_loc = request.nodes * (request.duration_hours + loc_hours)
+    pos, step = 0, _SCAN_STEP
+    chunks: list[np.ndarray] = []
+    count = 0
     while True:
-        hits = np.flatnonzero(alive[:stop])
-        if len(hits) >= want or stop >= n:
-            return hits[:want]
-        stop = min(n, stop * 4)
+        stop = min(n, pos + step)
+        new = np.flatnonzero(alive[pos:stop])
+        if len(new):
+            chunks.append(new + pos)
+            count += len(new)
+        pos = stop
+        if count >= want or pos >= n:
+            hits = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
+            c = _costs(request, cat, hits, loc_usd, loc_hours, wait_hours)
+            if pos >= n:
+                return c
+            picks = _pick(request, [(cat, c)], cost.keys, want)
+            if len(picks) == want:
+                worst = max(float(c.total_usd[j]) for _, j in picks)
+                open_locs = np.flatnonzero(float(cat.hourly_usd[pos]) * a_loc + loc_usd <= worst + 1e-12)
+                if len(open_locs) == 0:
+                    return c
+                if len(open_locs) <= 12:
+                    rest = np.flatnonzero(alive[pos:] & isin_codes(cat.loc_code[pos:], open_locs)) + pos
+                    return _costs(request, cat, np.concatenate([hits, rest]), loc_usd, loc_hours, wait_hours)
+        step *= 4
+
+
+def _scan_time(request: Request, cat: Catalog, alive: np.ndarray, loc_usd: np.ndarray, loc_hours: np.ndarray,
+               wait_hours: float, want: int) -> Costs:
+    """Costs of the feasible rows that can hold the ``want`` best diverse options by finish time.
+
+    Finish depends only on the location, so the picks come from the ``want`` earliest-finishing locations
+    that have feasible rows (ties included); only their rows are costed."""
+    per_loc = np.bincount(cat.loc_code, weights=alive, minlength=len(cat.locations)) > 0
+    finish = np.round((wait_hours + loc_hours + request.duration_hours) * 3600.0)
+    have = np.flatnonzero(per_loc)
+    if len(have) > want:
+        threshold = np.sort(finish[have])[want - 1]
+        keep = have[finish[have] <= threshold]
+        rows = np.flatnonzero(alive & isin_codes(cat.loc_code, keep))
+    else:
+        rows = np.flatnonzero(alive)
+    return _costs(request, cat, rows, loc_usd, loc_hours, wait_hours)
 
 
 def _option(cat: Catalog, c: Costs, j: int) -> PlacementOption:
@@ -172,38 +219,34 @@ def place(
     rejected: dict[str, int] = {}
     considered = 0
     pools: list[tuple[Catalog, Costs]] = []
-    extra_feasible = [0]  # feasible rows not costed (compute-only fast path)
+    extra_feasible = [0]  # feasible rows not costed (beyond the price-ordered prefix _scan proved enough)
     for cat in parts:
         considered += len(cat)
         alive = np.ones(len(cat), dtype=bool)
+        n_alive = len(cat)
         for fn in FILTERS.values():
             for reason, ok in fn(request, cat, ctx):
-                bad = int(np.count_nonzero(alive & ~ok))
-                if bad:
-                    rejected[reason] = rejected.get(reason, 0) + bad
-                    alive &= ok
-        if request.data:
-            idx = np.flatnonzero(alive)
+                np.logical_and(alive, ok, out=alive)
+                left = int(np.count_nonzero(alive))
+                if left < n_alive:
+                    rejected[reason] = rejected.get(reason, 0) + n_alive - left
+                n_alive = left
+        loc_usd, loc_hours = _loc_costs(request, cat, egress)
+        late_loc = deadline.late_locations(request, loc_hours, ctx)
+        if n_alive and late_loc.any():
+            late_rows = isin_codes(cat.loc_code, np.flatnonzero(late_loc))
+            np.logical_and(alive, ~late_rows, out=alive)
+            left = int(np.count_nonzero(alive))
+            rejected[deadline.DeadlineMiss] = rejected.get(deadline.DeadlineMiss, 0) + n_alive - left
+            n_alive = left
+        if n_alive == 0:
+            c = _costs(request, cat, np.zeros(0, dtype=np.int64), loc_usd, loc_hours, wait_hours)
+        elif request.data and objective is not cost.keys:
+            c = _scan_time(request, cat, alive, loc_usd, loc_hours, wait_hours, top + 1)
         else:
-            # Compute-only: every row costs hourly x nodes x duration and finishes at the same time, and the
-            # catalog is sorted by hourly price, so the first feasible rows are the best ones. Cost only a
-            # prefix (enough for diverse alternatives); count the rest as feasible.
-            n_alive = int(np.count_nonzero(alive))
-            if request.deadline is not None and not deadline.ok(
-                request, _costs(request, cat, np.zeros(1, dtype=np.int64), egress, wait_hours), ctx
-            )[0]:
-                rejected[deadline.DeadlineMiss] = rejected.get(deadline.DeadlineMiss, 0) + n_alive
-                pools.append((cat, _costs(request, cat, np.zeros(0, dtype=np.int64), egress, wait_hours)))
-                continue
-            idx = _prefix(alive, n_alive, top)
-            extra_feasible[0] += n_alive - len(idx)
-        c = _costs(request, cat, idx, egress, wait_hours)
-        in_time = deadline.ok(request, c, ctx)
-        late = int(np.count_nonzero(~in_time))
-        if late:
-            rejected[deadline.DeadlineMiss] = rejected.get(deadline.DeadlineMiss, 0) + late
-            keep = np.flatnonzero(in_time)
-            c = Costs(*(getattr(c, f)[keep] for f in Costs.__dataclass_fields__))
+            # Without data every row finishes at the same time, so both objectives rank by cost.
+            c = _scan(request, cat, alive, loc_usd, loc_hours, wait_hours, top + 1)
+        extra_feasible[0] += n_alive - len(c.idx)
         pools.append((cat, c))
     feasible = sum(len(c.idx) for _, c in pools) + extra_feasible[0]
     if feasible == 0:
@@ -231,6 +274,11 @@ def _with_explanation(res: PlacementResult) -> PlacementResult:
 
 def _rank(request: Request, pools: list[tuple[Catalog, Costs]], objective: object, want: int) -> list[PlacementOption]:
     """``want`` options: the best, then diverse alternatives in rank order (see module docstring)."""
+    return [_option(pools[p][0], pools[p][1], j) for p, j in _pick(request, pools, objective, want)]
+
+
+def _pick(request: Request, pools: list[tuple[Catalog, Costs]], objective: object, want: int) -> list[tuple[int, int]]:
+    """``(pool, row in pool costs)`` of the ``want`` picks of :func:`_rank`, in rank order."""
     k = _CANDIDATES
     total = sum(len(c.idx) for _, c in pools)
     while True:
@@ -255,6 +303,9 @@ def _rank(request: Request, pools: list[tuple[Catalog, Costs]], objective: objec
         _, first = np.unique(reg_sorted, return_index=True)
         first.sort()
         picked = list(first[:want])
+        if len(picked) < want and k < total:
+            k *= 8  # not enough distinct regions among the candidates yet: widen before filling
+            continue
         if len(picked) < want:
             _, first_ltc = np.unique(cc["ltc"][order], return_index=True)
             extra = np.setdiff1d(first_ltc, first[:want])
@@ -265,8 +316,7 @@ def _rank(request: Request, pools: list[tuple[Catalog, Costs]], objective: objec
     out = []
     for pos in picked:
         r = order[int(pos)]
-        p = int(cc["pool"][r])
-        out.append(_option(pools[p][0], pools[p][1], int(cc["j"][r])))
+        out.append((int(cc["pool"][r]), int(cc["j"][r])))
     return out
 
 
@@ -282,7 +332,8 @@ def check_offer(
         for reason, ok in fn(request, cat, ctx):
             if not bool(ok[0]):
                 return Verdict.unresolvable(reason)
-    c = _costs(request, cat, np.arange(1), egress, wait_hours)
+    loc_usd, loc_hours = _loc_costs(request, cat, egress)
+    c = _costs(request, cat, np.arange(1), loc_usd, loc_hours, wait_hours)
     if not bool(deadline.ok(request, c, ctx)[0]):
         return Verdict.reject(deadline.DeadlineMiss)
     return Verdict.ok()

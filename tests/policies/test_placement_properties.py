@@ -74,10 +74,19 @@ def _cost(o: Offer, r: Request) -> tuple[float, float]:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(offers=offers_st, req=requests_st)
-def test_filters_are_never_violated_and_the_best_matches_brute_force(offers: list[Offer], req: Request) -> None:
+@given(offers=offers_st, req=requests_st, step=st.sampled_from([1, 3, 1024]))
+def test_filters_are_never_violated_and_the_best_matches_brute_force(
+    offers: list[Offer], req: Request, step: int
+) -> None:
+    import policies.placement.engine as engine
+
     cat = make_catalog(offers)
-    res = place(req, cat, EGRESS, now=NOW, top=5)
+    saved = engine._SCAN_STEP, engine._CANDIDATES
+    engine._SCAN_STEP, engine._CANDIDATES = step, max(1, step)  # small windows exercise the scan's bound
+    try:
+        res = place(req, cat, EGRESS, now=NOW, top=5)
+    finally:
+        engine._SCAN_STEP, engine._CANDIDATES = saved
     all_offers = cat.offers(range(len(cat)))
     feasible = []
     for i, o in enumerate(all_offers):
@@ -102,6 +111,17 @@ def test_filters_are_never_violated_and_the_best_matches_brute_force(offers: lis
     if req.objective == Objective.COST:
         best = min(t for _, t, _ in feasible)
         assert abs(res.placement.total_usd - best) <= 1e-9 * max(1.0, best)
+        # diversity: the first option of each distinct region are the cheapest rows of the cheapest regions
+        per_region: dict[str, float] = {}
+        for o, t, _ in feasible:
+            per_region[o.location.key] = min(t, per_region.get(o.location.key, float("inf")))
+        firsts: dict[str, float] = {}
+        for opt in (res.placement, *res.alternatives):
+            firsts.setdefault(f"{opt.provider}:{opt.region}", opt.total_usd)
+        expect = sorted(per_region.values())[: len(firsts)]
+        assert len(firsts) == min(6, len(per_region))
+        assert all(abs(a - b) <= 1e-9 * max(1.0, b) for a, b in zip(firsts.values(), expect, strict=True))
+        assert len(res.alternatives) == min(5, len(feasible) - 1) or len(res.alternatives) == 5
     else:
         best_f = min(round(f * 3600) for _, _, f in feasible)
         assert round(res.placement.finish_hours * 3600) == best_f

@@ -1,0 +1,202 @@
+"""Edge benchmarks through a real Mosquitto with mutual TLS (loopback only, bounded in count and time).
+
+1. signed messages/s end to end: a device client seals (ECDSA P-256) and publishes QoS 1, a subscriber
+   verifies every signature; the same without signing is the baseline (ratio printed).
+2. drain time of an offline backlog: the agent's SQLite outbox holds N results (default 100,000) when
+   ``edge-agent run`` starts; time until the gateway stored and acknowledged them all (target <= 60 s).
+3. agent resident memory (VmRSS of the ``edge-agent run`` process) while draining (peak) and idle.
+
+Usage: python bench/edge.py [--messages 20000] [--backlog 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import paho.mqtt.client as mqtt  # noqa: E402
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion  # noqa: E402
+
+from broker import devices  # noqa: E402
+from broker.clock import utcnow  # noqa: E402
+from broker.gateway import Gateway  # noqa: E402
+from broker.migrations import upgrade  # noqa: E402
+from broker.store import Store  # noqa: E402
+from edge import pki, protocol  # noqa: E402
+from edge.agent.config import AgentConfig  # noqa: E402
+from edge.agent.store import Store as AgentStore  # noqa: E402
+from edge.mqttconf import MosquittoConfig, write_config  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def client(cid: str, ca: Path, cert: Path, key: Path, port: int, v5: bool = True) -> mqtt.Client:
+    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=cid,
+                    protocol=MQTTProtocolVersion.MQTTv5 if v5 else MQTTProtocolVersion.MQTTv311)
+    c.tls_set(ca_certs=str(ca), certfile=str(cert), keyfile=str(key), tls_version=ssl.PROTOCOL_TLS_CLIENT)
+    c.max_inflight_messages_set(100)
+    c.max_queued_messages_set(0)
+    ready = threading.Event()
+    c.on_connect = lambda *_a: ready.set()
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    if not ready.wait(10):
+        raise SystemExit(f"{cid} could not connect")
+    return c
+
+
+def e2e_rate(n: int, signed: bool, ca: pki.CertificateAuthority, dev: tuple[Path, Path], port: int) -> float:
+    d = ca.directory
+    key = pki.load_key(dev[1])
+    pub = key.public_key()
+    got = threading.Semaphore(0)
+    bad = []
+    sub = client(f"bench-sub-{signed}", d / "ca.pem", d / "gateway.pem", d / "gateway.key", port)
+
+    def on_message(_c: mqtt.Client, _u: object, m: mqtt.MQTTMessage) -> None:
+        if signed:
+            try:
+                protocol.verify_signature(protocol.open_envelope(m.payload), pub)
+            except protocol.Rejected:
+                bad.append(1)
+        got.release()
+
+    sub.on_message = on_message
+    sub.subscribe("hb/v1/dev/bench-dev/up/#", qos=1)
+    time.sleep(0.3)
+    pubc = client("bench-dev", d / "ca.pem", dev[0], dev[1], port)
+    body = {"value": "x" * 900}
+    t0 = time.perf_counter()
+    for i in range(n):
+        payload = (protocol.seal("result", body, device="bench-dev", seq=i, key=key) if signed
+                   else protocol.canonical({"v": 1, "seq": i, "body": body}))
+        pubc.publish(protocol.up_topic("bench-dev", "result"), payload, qos=1)
+    for _ in range(n):
+        if not got.acquire(timeout=60):
+            raise SystemExit("messages lost in the e2e benchmark")
+    dt = time.perf_counter() - t0
+    for c in (pubc, sub):
+        c.disconnect()
+        c.loop_stop()
+    assert not bad
+    return n / dt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--messages", type=int, default=20_000)
+    ap.add_argument("--backlog", type=int, default=100_000)
+    args = ap.parse_args()
+    mosq_bin = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    if not Path(mosq_bin).exists():
+        raise SystemExit("mosquitto is not installed: apt-get install -y mosquitto")
+    tmp = Path(tempfile.mkdtemp(prefix="hb-edge-bench-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    gw: Gateway | None = None
+    try:
+        ca = pki.CertificateAuthority.init(tmp / "ca")
+        port = free_port()
+        conf = write_config(tmp / "mqtt", ca_file=ca.directory / "ca.pem", cert_file=ca.directory / "server.pem",
+                            key_file=ca.directory / "server.key", crl_file=ca.directory / "crl.pem",
+                            config=MosquittoConfig(port=port, bind_address="127.0.0.1",
+                                                   user="root" if os.geteuid() == 0 else None))
+        procs.append(subprocess.Popen([mosq_bin, "-c", str(conf)], stderr=subprocess.DEVNULL))
+        time.sleep(0.3)
+        store = Store(f"sqlite:///{tmp / 'broker.db'}")
+        upgrade(store.engine)
+
+        def enroll(device_id: str, state: Path) -> tuple[Path, Path]:
+            key = pki.generate_key()
+            state.mkdir(parents=True, exist_ok=True)
+            pki.write_private(state / "device.key", pki.key_to_pem(key))
+            with store.tx() as s:
+                tok = devices.create_enroll_token(s, "bench", now=utcnow())
+            with store.tx() as s:
+                _d, pem = devices.enroll_device(s, ca, tok, pki.make_csr(key, device_id).decode(), now=utcnow())
+            (state / "device.pem").write_text(pem)
+            shutil.copyfile(ca.directory / "ca.pem", state / "ca.pem")
+            shutil.copyfile(ca.directory / "gateway.pem", state / "gateway.pem")
+            return state / "device.pem", state / "device.key"
+
+        # 1. signed vs unsigned end to end
+        dev = enroll("bench-dev", tmp / "bench-dev")
+        plain = e2e_rate(args.messages, False, ca, dev, port)
+        signed = e2e_rate(args.messages, True, ca, dev, port)
+        print(f"e2e through mosquitto mTLS, QoS 1, 1 KB, n={args.messages}: unsigned {plain:,.0f} msg/s, "
+              f"signed+verified {signed:,.0f} msg/s (ratio {signed / plain:.2f})")
+
+        # 2./3. drain an offline backlog through the real agent and gateway
+        state = tmp / "drain-dev"
+        enroll("drain-dev", state)
+        AgentConfig(state_dir=str(state), device_id="drain-dev", mqtt_port=port, heartbeat_seconds=5,
+                    capacity_seconds=3600, retransmit_seconds=5, reconnect_max_seconds=1).save()
+        ast = AgentStore(state / "agent.db")
+        t0 = time.perf_counter()
+        chunk = 5000
+        for start in range(0, args.backlog, chunk):
+            ast.put_many([("result", {"task_id": "bench", "n": i, "value": i}, f"bench/r{i}", False)
+                          for i in range(start, min(start + chunk, args.backlog))])
+        fill = time.perf_counter() - t0
+        ast.close()
+        print(f"outbox filled with {args.backlog:,} results in {fill:.1f} s ({args.backlog / fill:,.0f} rows/s)")
+        gw = Gateway(store, host="127.0.0.1", port=port, ca_file=str(ca.directory / "ca.pem"),
+                     cert_file=str(ca.directory / "gateway.pem"), key_file=str(ca.directory / "gateway.key"))
+        gw.start()
+        agent = subprocess.Popen([sys.executable, "-m", "edge.agent.cli", "--state-dir", str(state), "run"],
+                                 env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.DEVNULL)
+        procs.append(agent)
+        t0 = time.perf_counter()
+        peak = 0.0
+        deadline = t0 + 180
+        while gw.accepted < args.backlog and time.perf_counter() < deadline:
+            time.sleep(0.25)
+            peak = max(peak, rss_mb(agent.pid))
+        drain = time.perf_counter() - t0
+        ok = gw.accepted >= args.backlog
+        print(f"drained {gw.accepted:,}/{args.backlog:,} backlog messages in {drain:.1f} s "
+              f"({gw.accepted / drain:,.0f} msg/s); duplicates {gw.duplicates}, rejections {gw.rejections.counts}")
+        time.sleep(5)
+        idle = rss_mb(agent.pid)
+        print(f"agent RSS: draining peak {peak:.1f} MB, idle {idle:.1f} MB (target <= 60 MB)")
+        print(f"SUMMARY edge: e2e signed {signed:,.0f} msg/s ({signed / plain:.2f}x unsigned); "
+              f"100k-style backlog {args.backlog:,} drained in {drain:.1f} s ({'OK' if ok and drain <= 60 else 'SLOW'}"
+              f" vs 60 s); agent RSS peak {peak:.0f} MB, idle {idle:.0f} MB")
+    finally:
+        if gw is not None:
+            gw.stop()
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

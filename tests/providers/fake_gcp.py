@@ -1,0 +1,422 @@
+"""A local fake of the Compute Engine API (v1) and the Cloud Billing Catalog API, in their documented JSON
+wire formats, served by uvicorn over TLS in a thread (see fake_azure.ServerThread). Only what the GCP
+adapter and Libcloud's GCE driver call:
+
+* ``/compute/v1/projects/{p}``: ``zones``, ``zones/{z}``, ``zones/{z}/machineTypes[/{t}]``,
+  ``aggregated/machineTypes``, ``zones/{z}/acceleratorTypes[/{a}]``, ``global/networks/{n}``,
+  ``zones/{z}/instances`` (insert -> operation), ``zones/{z}/instances/{i}`` (get, delete -> operation),
+  ``aggregated/instances`` (with the ``filter`` language's ``labels.k = "v"`` and ``labels.k:*``),
+  ``zones/{z}/disks/{d}``, ``aggregated/disks``, ``zones/{z}/operations/{o}``; list calls page with
+  ``maxResults``/``pageToken``/``nextPageToken`` and refuse bad labels, names and filters with GCE's
+  error JSON;
+* ``/v1/services/{id}/skus``: Compute Engine SKUs (``description``, ``category``, ``serviceRegions``,
+  ``pricingInfo[].pricingExpression``), paged with ``pageSize``/``pageToken``/``nextPageToken``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from .fake_azure import ServerThread
+
+__all__ = ["make_app", "ServerThread", "billing_skus", "operation_error", "ZONES", "MACHINE_TYPES", "RATES"]
+
+BASE = "https://www.googleapis.com/compute/v1/projects"
+ZONES = {"us-central1-a": "us-central1", "us-central1-b": "us-central1", "us-central1-c": "us-central1",
+         "europe-west1-b": "europe-west1"}
+# name -> (guestCpus, memoryMb, accelerators, shared core); zones that sell it.
+MACHINE_TYPES: dict[str, tuple[int, int, list[tuple[str, int]], bool]] = {
+    "e2-small": (2, 2048, [], True),
+    "n2-standard-4": (4, 16384, [], False),
+    "n2d-standard-4": (4, 16384, [], False),
+    "n1-standard-4": (4, 15360, [], False),
+    "g2-standard-4": (4, 16384, [("nvidia-l4", 1)], False),
+}
+SOLD_IN = {
+    "us-central1-a": ["e2-small", "n2-standard-4", "n2d-standard-4", "n1-standard-4", "g2-standard-4"],
+    "us-central1-b": ["e2-small", "n2-standard-4", "n1-standard-4"],
+    "us-central1-c": ["n2-standard-4"],
+    "europe-west1-b": ["e2-small", "n2-standard-4", "n1-standard-4"],
+}
+ACCELERATORS = {"us-central1-a": [("nvidia-tesla-t4", 4)], "us-central1-b": [("nvidia-tesla-t4", 4)],
+                "us-central1-c": [], "europe-west1-b": []}
+# Billing rates in us-central1 (USD per vCPU hour / GiB hour / GPU hour): (on-demand, spot).
+RATES = {
+    ("N2 Instance Core", "CPU", "n2"): (0.031611, 0.007594),
+    ("N2 Instance Ram", "RAM", "n2"): (0.004237, 0.001018),
+    ("N2D AMD Instance Core", "CPU", "n2d"): (0.027502, 0.006606),
+    ("N2D AMD Instance Ram", "RAM", "n2d"): (0.003686, 0.000886),
+    ("E2 Instance Core", "CPU", "e2"): (0.021811, 0.006543),
+    ("E2 Instance Ram", "RAM", "e2"): (0.002923, 0.000877),
+    ("N1 Predefined Instance Core", "N1Standard", "n1"): (0.031611, 0.00698),
+    ("N1 Predefined Instance Ram", "N1Standard", "n1"): (0.004237, 0.00094),
+    ("G2 Instance Core", "CPU", "g2"): (0.024988, 0.00999),
+    ("G2 Instance Ram", "RAM", "g2"): (0.002927, 0.00117),
+    ("Nvidia Tesla T4 GPU", "GPU", "t4"): (0.35, 0.069),
+    ("Nvidia L4 GPU", "GPU", "l4"): (0.5599, 0.2240),
+}
+REGION_FACTOR = {"us-central1": (1.0, "Americas"), "europe-west1": (1.1, "EMEA")}
+_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+_CLAUSE = re.compile(r'\(?\s*labels\.([a-z0-9_-]+)\s*(?:=\s*"([^"]*)"|:\s*\*)\s*\)?')
+
+
+def _money(usd: float) -> dict[str, Any]:
+    units = int(usd)
+    return {"currencyCode": "USD", "units": str(units), "nanos": int(round((usd - units) * 1e9))}
+
+
+def _sku(desc: str, group: str, usage: str, regions: list[str], unit: str, usd: float) -> dict[str, Any]:
+    sku_id = uuid.uuid5(uuid.NAMESPACE_DNS, desc + usage).hex[:12].upper()
+    return {
+        "name": f"services/6F81-5844-456A/skus/{sku_id}", "skuId": sku_id, "description": desc,
+        "category": {"serviceDisplayName": "Compute Engine", "resourceFamily": "Compute" if group != "Storage"
+                     else "Storage", "resourceGroup": group, "usageType": usage},
+        "serviceRegions": regions,
+        "pricingInfo": [{
+            "effectiveTime": "2026-10-01T00:00:00Z", "summary": "",
+            "pricingExpression": {"usageUnit": unit, "displayQuantity": 1, "usageUnitDescription": unit,
+                                  "baseUnit": "s", "baseUnitConversionFactor": 3600,
+                                  "tieredRates": [{"startUsageAmount": 0, "unitPrice": _money(usd)}]},
+            "currencyConversionRate": 1,
+        }],
+        "serviceProviderName": "Google",
+    }
+
+
+def billing_skus() -> list[dict[str, Any]]:
+    """Compute Engine SKUs of the two fake regions, with spot rows and SKUs the parser must skip."""
+    out = []
+    for region, (factor, place) in REGION_FACTOR.items():
+        for (desc, group, _), (od, spot) in RATES.items():
+            unit = "GiBy.h" if "Ram" in desc else "h"
+            out.append(_sku(f"{desc} running in {place}", group, "OnDemand", [region], unit, od * factor))
+            out.append(_sku(f"Spot Preemptible {desc} running in {place}", group, "Preemptible", [region], unit,
+                            spot * factor))
+        # Noise a real catalog has: commitments, sole tenancy and custom premiums, storage, licences.
+        out.append(_sku(f"Commitment v1: N2 Cpu in {place} for 1 Year", "CPU", "Commit1Yr", [region], "h", 0.02))
+        out.append(_sku(f"N2 Sole Tenancy Instance Core running in {place}", "CPU", "OnDemand", [region], "h",
+                        0.0348))
+        out.append(_sku(f"N2 Custom Instance Core running in {place}", "CPU", "OnDemand", [region], "h", 0.0332))
+        out.append(_sku(f"Storage PD Capacity in {place}", "Storage", "OnDemand", [region], "GiBy.mo", 0.04))
+    return out
+
+
+def operation_error(code: str, message: str = "injected") -> tuple[int, bytes, dict[str, str]]:
+    """A finished GCE operation carrying an error (how GCE reports ``ZONE_RESOURCE_POOL_EXHAUSTED`` and
+    ``QUOTA_EXCEEDED`` of an insert): HTTP 200, ``status: DONE``, ``error.errors[0].code``. For FaultProxy."""
+    body = {"kind": "compute#operation", "id": "1", "name": "operation-injected", "operationType": "insert",
+            "status": "DONE", "progress": 100, "httpErrorStatusCode": 503, "httpErrorMessage": "SERVICE UNAVAILABLE",
+            "error": {"errors": [{"code": code, "message": message}]}}
+    return 200, json.dumps(body).encode(), {"Content-Type": "application/json"}
+
+
+def _error(status: int, reason: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": status, "message": message,
+                                   "errors": [{"domain": "global", "reason": reason, "message": message}]}},
+                        status_code=status)
+
+
+def _page(items: list[Any], request: Request, cap: int) -> tuple[list[Any], str | None]:
+    size = min(int(request.query_params.get("maxResults", "500")), cap)
+    start = int(request.query_params.get("pageToken") or 0)
+    nxt = start + size
+    return items[start:nxt], (str(nxt) if nxt < len(items) else None)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def make_app(project: str = "demo-proj", page_cap: int = 2, sku_page_cap: int = 7) -> FastAPI:
+    """The fake. ``app.state.instances[(zone, name)]`` and ``app.state.disks`` are its live resources;
+    ``page_cap``/``sku_page_cap`` cap the page sizes so that paging is exercised."""
+    app = FastAPI()
+    instances: dict[tuple[str, str], dict[str, Any]] = {}
+    disks: dict[tuple[str, str], dict[str, Any]] = {}
+    ops: dict[str, dict[str, Any]] = {}
+    ids = itertools.count(4_000_000_000_000_000_001)
+    app.state.instances = instances
+    app.state.disks = disks
+    app.state.requests = []
+    app.state.exhausted = set()  # (zone, machine type) with no capacity: inserts end ZONE_RESOURCE_POOL_EXHAUSTED
+    root = f"/compute/v1/projects/{project}"
+    link = f"{BASE}/{project}"
+
+    @app.middleware("http")
+    async def record(request: Request, call_next: Any) -> Response:
+        app.state.requests.append((request.method, request.url.path))
+        if request.url.path.startswith("/compute/") and not request.headers.get("authorization", "").startswith(
+                "Bearer "):
+            return _error(401, "required", "Login Required.")
+        return await call_next(request)
+
+    def zone_doc(z: str) -> dict[str, Any]:
+        return {"kind": "compute#zone", "id": str(2000 + list(ZONES).index(z)), "name": z, "status": "UP",
+                "description": z, "creationTimestamp": "1969-12-31T16:00:00.000-08:00",
+                "region": f"{link}/regions/{ZONES[z]}", "selfLink": f"{link}/zones/{z}"}
+
+    def mt_doc(z: str, name: str) -> dict[str, Any]:
+        cpus, mem, accs, shared = MACHINE_TYPES[name]
+        doc: dict[str, Any] = {"kind": "compute#machineType", "id": str(abs(hash(name)) % 10**9), "name": name,
+                               "description": f"{cpus} vCPUs, {mem / 1024:g} GB RAM", "guestCpus": cpus,
+                               "memoryMb": mem, "imageSpaceGb": 0, "maximumPersistentDisks": 128,
+                               "maximumPersistentDisksSizeGb": "263168", "zone": z, "isSharedCpu": shared,
+                               "selfLink": f"{link}/zones/{z}/machineTypes/{name}"}
+        if accs:
+            doc["accelerators"] = [{"guestAcceleratorType": a, "guestAcceleratorCount": n} for a, n in accs]
+        return doc
+
+    def acc_doc(z: str, name: str, cards: int) -> dict[str, Any]:
+        return {"kind": "compute#acceleratorType", "id": str(abs(hash(name)) % 10**6), "name": name,
+                "description": name, "zone": f"{link}/zones/{z}", "maximumCardsPerInstance": cards,
+                "selfLink": f"{link}/zones/{z}/acceleratorTypes/{name}"}
+
+    def new_op(z: str, kind: str, target: str, apply: Any, error: str | None = None) -> dict[str, Any]:
+        name = f"operation-{uuid.uuid4().hex[:16]}"
+        op = {"kind": "compute#operation", "id": str(next(ids)), "name": name, "zone": f"{link}/zones/{z}",
+              "operationType": kind, "targetLink": target, "status": "RUNNING", "progress": 0,
+              "insertTime": _now(), "startTime": _now(), "user": "sa@demo-proj.iam.gserviceaccount.com",
+              "selfLink": f"{link}/zones/{z}/operations/{name}"}
+        ops[name] = {"doc": op, "apply": apply, "error": error}
+        return op
+
+    @app.get(f"{root}/zones")
+    def zones(request: Request) -> dict[str, Any]:
+        page, nxt = _page([zone_doc(z) for z in ZONES], request, 500)
+        out: dict[str, Any] = {"kind": "compute#zoneList", "items": page, "selfLink": f"{link}/zones"}
+        if nxt:
+            out["nextPageToken"] = nxt
+        return out
+
+    @app.get(f"{root}/zones/{{zone}}")
+    def zone(zone: str) -> Response:
+        if zone not in ZONES:
+            return _error(404, "notFound", f"The resource 'projects/{project}/zones/{zone}' was not found")
+        return JSONResponse(zone_doc(zone))
+
+    @app.get(f"{root}/zones/{{zone}}/machineTypes")
+    def machine_types(zone: str, request: Request) -> Response:
+        if zone not in ZONES:
+            return _error(404, "notFound", f"The resource 'projects/{project}/zones/{zone}' was not found")
+        page, nxt = _page([mt_doc(zone, n) for n in SOLD_IN[zone]], request, page_cap)
+        out: dict[str, Any] = {"kind": "compute#machineTypeList", "items": page}
+        if nxt:
+            out["nextPageToken"] = nxt
+        return JSONResponse(out)
+
+    @app.get(f"{root}/zones/{{zone}}/machineTypes/{{name}}")
+    def machine_type(zone: str, name: str) -> Response:
+        if name not in SOLD_IN.get(zone, []):
+            return _error(404, "notFound",
+                          f"The resource 'projects/{project}/zones/{zone}/machineTypes/{name}' was not found")
+        return JSONResponse(mt_doc(zone, name))
+
+    @app.get(f"{root}/aggregated/machineTypes")
+    def aggregated_machine_types() -> dict[str, Any]:
+        return {"kind": "compute#machineTypeAggregatedList",
+                "items": {f"zones/{z}": {"machineTypes": [mt_doc(z, n) for n in names]}
+                          for z, names in SOLD_IN.items()}}
+
+    @app.get(f"{root}/zones/{{zone}}/acceleratorTypes")
+    def accelerator_types(zone: str, request: Request) -> dict[str, Any]:
+        page, nxt = _page([acc_doc(zone, n, c) for n, c in ACCELERATORS.get(zone, [])], request, page_cap)
+        out: dict[str, Any] = {"kind": "compute#acceleratorTypeList", "items": page}
+        if nxt:
+            out["nextPageToken"] = nxt
+        return out
+
+    @app.get(f"{root}/zones/{{zone}}/acceleratorTypes/{{name}}")
+    def accelerator_type(zone: str, name: str) -> Response:
+        for n, c in ACCELERATORS.get(zone, []):
+            if n == name:
+                return JSONResponse(acc_doc(zone, n, c))
+        return _error(404, "notFound", f"acceleratorType {name} not found in {zone}")
+
+    @app.get(f"{root}/global/networks/{{name}}")
+    def network(name: str) -> Response:
+        if name != "default":
+            return _error(404, "notFound", f"The resource 'projects/{project}/global/networks/{name}' was not found")
+        return JSONResponse({"kind": "compute#network", "id": "77", "name": "default", "autoCreateSubnetworks": True,
+                             "selfLink": f"{link}/global/networks/default", "subnetworks": []})
+
+    @app.post(f"{root}/zones/{{zone}}/instances")
+    async def insert(zone: str, request: Request) -> Response:
+        body = await request.json()
+        name = str(body.get("name", ""))
+        if zone not in ZONES:
+            return _error(404, "notFound", f"The resource 'projects/{project}/zones/{zone}' was not found")
+        if not _NAME.match(name):
+            return _error(400, "invalid", f"Invalid value for field 'resource.name': '{name}'.")
+        labels = body.get("labels") or {}
+        for k, v in labels.items():
+            if not _LABEL_KEY.match(k) or not _LABEL_VALUE.match(str(v)):
+                return _error(400, "invalid", f"Invalid value for field 'resource.labels': '{k}={v}'.")
+        mtype = str(body.get("machineType", "")).rsplit("/", 1)[-1]
+        if mtype not in SOLD_IN[zone]:
+            return _error(400, "invalid", f"Invalid value for field 'resource.machineType': '{mtype}'.")
+        inst_link = f"{link}/zones/{zone}/instances/{name}"
+        if (zone, mtype) in app.state.exhausted:  # GCE accepts the insert, then the operation fails
+            return JSONResponse(new_op(zone, "insert", inst_link, lambda: None, "ZONE_RESOURCE_POOL_EXHAUSTED"))
+        if (zone, name) in instances:
+            return _error(409, "alreadyExists",
+                          f"The resource 'projects/{project}/zones/{zone}/instances/{name}' already exists")
+        boot = (body.get("disks") or [{}])[0]
+        init = boot.get("initializeParams") or {}
+        disk_name = init.get("diskName") or name
+        disk_link = f"{link}/zones/{zone}/disks/{disk_name}"
+        disks[(zone, disk_name)] = {
+            "kind": "compute#disk", "id": str(next(ids)), "name": disk_name, "sizeGb": str(init.get("diskSizeGb")
+                                                                                            or 10),
+            "zone": f"{link}/zones/{zone}", "status": "READY", "sourceImage": init.get("sourceImage"),
+            "type": f"{link}/zones/{zone}/diskTypes/pd-balanced", "users": [inst_link], "selfLink": disk_link,
+            "creationTimestamp": _now(),
+        }
+        nic = {"kind": "compute#networkInterface", "name": "nic0",
+               "network": f"{link}/global/networks/default", "networkIP": f"10.128.0.{len(instances) + 2}",
+               "accessConfigs": [{"kind": "compute#accessConfig", "type": "ONE_TO_ONE_NAT", "name": "External NAT",
+                                  "natIP": f"34.1.2.{len(instances) + 2}"}]}
+        inst = {
+            "kind": "compute#instance", "id": str(next(ids)), "creationTimestamp": _now(), "name": name,
+            "tags": {"fingerprint": "42WmSpB8rSM="}, "machineType": f"{link}/zones/{zone}/machineTypes/{mtype}",
+            "status": "PROVISIONING", "zone": f"{link}/zones/{zone}", "networkInterfaces": [nic],
+            "disks": [{"kind": "compute#attachedDisk", "type": "PERSISTENT", "mode": "READ_WRITE",
+                       "source": disk_link, "deviceName": boot.get("deviceName", name), "index": 0, "boot": True,
+                       "autoDelete": bool(boot.get("autoDelete", True))}],
+            "metadata": {"kind": "compute#metadata", "fingerprint": "abc=",
+                         "items": (body.get("metadata") or {}).get("items") or []},
+            "serviceAccounts": body.get("serviceAccounts") or [],
+            "selfLink": inst_link, "scheduling": body.get("scheduling") or {"onHostMaintenance": "MIGRATE",
+                                                                               "automaticRestart": True,
+                                                                               "preemptible": False},
+            "labels": labels, "labelFingerprint": "lbl=", "cpuPlatform": "Unknown CPU Platform",
+        }
+        if body.get("guestAccelerators"):
+            inst["guestAccelerators"] = body["guestAccelerators"]
+        instances[(zone, name)] = inst
+
+        def started() -> None:
+            if (zone, name) in instances:
+                instances[(zone, name)]["status"] = "RUNNING"
+
+        return JSONResponse(new_op(zone, "insert", inst_link, started))
+
+    @app.get(f"{root}/zones/{{zone}}/operations/{{op}}")
+    def operation(zone: str, op: str) -> Response:
+        entry = ops.get(op)
+        if entry is None:
+            return _error(404, "notFound", f"operation {op} not found")
+        doc = entry["doc"]
+        if doc["status"] != "DONE":
+            doc.update({"status": "DONE", "progress": 100, "endTime": _now()})
+            if entry["error"]:
+                doc.update({"httpErrorStatusCode": 503, "httpErrorMessage": "SERVICE UNAVAILABLE",
+                            "error": {"errors": [{"code": entry["error"], "message": f"The zone '{doc['zone']}' "
+                                                  "does not have enough resources available to fulfill the "
+                                                  "request. Try a different zone, or try again later."}]}})
+            else:
+                entry["apply"]()
+        return JSONResponse(doc)
+
+    @app.get(f"{root}/zones/{{zone}}/instances/{{name}}")
+    def get_instance(zone: str, name: str) -> Response:
+        inst = instances.get((zone, name))
+        if inst is None:
+            return _error(404, "notFound",
+                          f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
+        return JSONResponse(inst)
+
+    @app.delete(f"{root}/zones/{{zone}}/instances/{{name}}")
+    def delete_instance(zone: str, name: str) -> Response:
+        inst = instances.get((zone, name))
+        if inst is None:
+            return _error(404, "notFound",
+                          f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
+        inst["status"] = "STOPPING"
+
+        def gone() -> None:
+            gone_inst = instances.pop((zone, name), None)
+            for d in (gone_inst or {}).get("disks", []):
+                if d.get("autoDelete"):
+                    disks.pop((zone, d["source"].rsplit("/", 1)[-1]), None)
+
+        return JSONResponse(new_op(zone, "delete", inst["selfLink"], gone))
+
+    def matching(request: Request) -> list[dict[str, Any]] | JSONResponse:
+        flt = request.query_params.get("filter", "").strip()
+        wanted: list[tuple[str, str | None]] = [(m.group(1), m.group(2)) for m in _CLAUSE.finditer(flt)]
+        if _CLAUSE.sub("", flt).strip():
+            return _error(400, "invalid", f"Invalid value for field 'filter': '{flt}'. Invalid list filter "
+                                          "expression.")
+        out = []
+        for (_, _), inst in sorted(instances.items()):
+            labels = inst.get("labels") or {}
+            if all((k in labels) if v is None else labels.get(k) == v for k, v in wanted):
+                out.append(inst)
+        return out
+
+    @app.get(f"{root}/aggregated/instances")
+    def aggregated_instances(request: Request) -> Response:
+        found = matching(request)
+        if isinstance(found, JSONResponse):
+            return found
+        page, nxt = _page(found, request, page_cap)
+        items: dict[str, Any] = {}
+        for z in ZONES:
+            these = [i for i in page if i["zone"].endswith(f"/zones/{z}")]
+            items[f"zones/{z}"] = {"instances": these} if these else {
+                "warning": {"code": "NO_RESULTS_ON_PAGE", "message": "There are no results for scope "
+                            f"'zones/{z}' on this page.", "data": [{"key": "scope", "value": f"zones/{z}"}]}}
+        out: dict[str, Any] = {"kind": "compute#instanceAggregatedList", "items": items,
+                               "selfLink": f"{link}/aggregated/instances"}
+        if nxt:
+            out["nextPageToken"] = nxt
+        return JSONResponse(out)
+
+    @app.get(f"{root}/zones/{{zone}}/instances")
+    def list_instances(zone: str, request: Request) -> Response:
+        found = matching(request)
+        if isinstance(found, JSONResponse):
+            return found
+        return JSONResponse({"kind": "compute#instanceList",
+                             "items": [i for i in found if i["zone"].endswith(f"/zones/{zone}")]})
+
+    @app.get(f"{root}/zones/{{zone}}/disks/{{name}}")
+    def get_disk(zone: str, name: str) -> Response:
+        disk = disks.get((zone, name))
+        if disk is None:
+            return _error(404, "notFound", f"The resource 'projects/{project}/zones/{zone}/disks/{name}' was "
+                                           "not found")
+        return JSONResponse(disk)
+
+    @app.get(f"{root}/aggregated/disks")
+    def aggregated_disks() -> dict[str, Any]:
+        items: dict[str, Any] = {}
+        for (z, _), d in sorted(disks.items()):
+            items.setdefault(f"zones/{z}", {"disks": []})["disks"].append(d)
+        return {"kind": "compute#diskAggregatedList", "items": items}
+
+    @app.get("/v1/services/{service}/skus")
+    def skus(service: str, request: Request) -> Response:
+        if service != "6F81-5844-456A":
+            return JSONResponse({"error": {"code": 404, "message": f"service {service} not found",
+                                           "status": "NOT_FOUND"}}, status_code=404)
+        if request.query_params.get("currencyCode", "USD") != "USD":
+            return JSONResponse({"error": {"code": 400, "message": "only USD here", "status": "INVALID_ARGUMENT"}},
+                                status_code=400)
+        rows = billing_skus()
+        size = min(int(request.query_params.get("pageSize", "5000")), sku_page_cap)
+        start = int(request.query_params.get("pageToken") or 0)
+        nxt = start + size
+        return JSONResponse({"skus": rows[start:nxt], "nextPageToken": str(nxt) if nxt < len(rows) else ""})
+
+    return app

@@ -1,0 +1,428 @@
+"""GCP adapter: the real Libcloud GCE driver and httpx against a local HTTPS fake of the Compute Engine API
+and the Cloud Billing Catalog API, with a fault proxy in front that answers GCE's own error payloads."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import random
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from broker.clock import ManualClock
+from broker.errors import AuthError, CapacityError, QuotaError, TransientError
+from broker.model import Capacity, InstanceState, InstanceType, Request, RetryPolicy, SpotPolicy
+from providers import registry
+from providers.base import TAG_JOB, TAG_REQUEST, Provider
+from providers.failover import provision
+from providers.gcp import (
+    TAGS_METADATA_KEY,
+    BillingRates,
+    GcpProvider,
+    gce_label,
+    parse_billing_skus,
+    price_machine_type,
+    split_gpu_type,
+)
+from providers.refresh import options_from_env, refresh_catalog
+
+from .builders import make_option
+from .fake_gcp import RATES, ServerThread, billing_skus, make_app, operation_error
+from .faultproxy import FaultProxy, Seen, gce_error, request
+
+pytestmark = pytest.mark.network
+PROJECT = "demo-proj"
+ZONES = ["us-central1-a", "us-central1-b", "europe-west1-b"]
+BROKER = [sys.executable, "-c", "from broker.cli import main; main()"]
+
+
+@pytest.fixture(scope="module")
+def gcp_creds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A service-account JSON key (a real RSA key) and a pre-seeded Libcloud token cache (RECIPES §4)."""
+    d = tmp_path_factory.mktemp("gcp-creds")
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    sa = {"type": "service_account", "project_id": PROJECT, "private_key_id": "k1", "private_key": pem,
+          "client_email": f"hb-broker@{PROJECT}.iam.gserviceaccount.com", "client_id": "1",
+          "token_uri": "https://oauth2.googleapis.com/token"}
+    (d / "sa.json").write_text(json.dumps(sa))
+    expires = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    (d / "token.json").write_text(json.dumps({"access_token": "fake", "token_type": "Bearer",
+                                              "expire_time": expires}))
+    return {"key": str(d / "sa.json"), "token": str(d / "token.json"), "email": sa["client_email"]}
+
+
+@pytest.fixture(scope="module")
+def gcp_fake(pki) -> Iterator[Any]:
+    app = make_app(PROJECT)
+    with ServerThread(app, pki.server_cert, pki.server_key) as srv:
+        srv.app = app  # type: ignore[attr-defined]
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def gcp_proxy(gcp_fake, pki) -> Iterator[FaultProxy]:
+    with FaultProxy(gcp_fake.url, certfile=pki.server_cert, keyfile=pki.server_key,
+                    upstream_verify=pki.ca_cert) as proxy:
+        # Reply without Nagle's delay: the handler writes headers and body separately, and each small write
+        # otherwise waits ~40 ms for a delayed ACK (50 ms -> 13 ms per call here).
+        proxy._server.RequestHandlerClass.disable_nagle_algorithm = True  # type: ignore[attr-defined]
+        yield proxy
+
+
+@pytest.fixture
+def gce_faults(gcp_proxy: FaultProxy, gcp_fake) -> Iterator[FaultProxy]:
+    gcp_proxy.clear()
+    gcp_fake.app.state.exhausted.clear()
+    yield gcp_proxy
+    gcp_proxy.clear()
+    gcp_fake.app.state.exhausted.clear()
+
+
+@pytest.fixture
+def gcp(gce_faults: FaultProxy, gcp_creds: dict[str, str], pki) -> GcpProvider:
+    return GcpProvider(PROJECT, zones=ZONES, credentials_file=gcp_creds["key"], endpoint=gce_faults.url,
+                       billing_url=gce_faults.url, ca_bundle=pki.ca_cert, token_cache=gcp_creds["token"],
+                       poll_interval_seconds=0)
+
+
+def live(gcp_fake, request_id: str) -> list[str]:
+    """Instances the fake holds for ``request_id`` (by its sanitized label), any state."""
+    want = gce_label(request_id)
+    return [f"{z}/{n}" for (z, n), i in gcp_fake.app.state.instances.items()
+            if (i.get("labels") or {}).get(TAG_REQUEST) == want]
+
+
+def operations_in(zone_prefix: str) -> Callable[[Seen], bool]:
+    """Polls of GCE operations in zones starting with ``zone_prefix`` (the insert itself goes through)."""
+    return lambda s: s.method == "GET" and f"/zones/{zone_prefix}" in s.path and "/operations/" in s.path
+
+
+def new_request() -> str:
+    return f"Req/{uuid.uuid4().hex[:8]}"  # upper case and '/' on purpose: not a valid GCE label value
+
+
+# -- prices ------------------------------------------------------------------------------------------------
+
+SKU_CASES = [
+    ("an N2 core SKU is the n2 vCPU rate", "N2 Instance Core running in Americas", "CPU", "OnDemand", "h",
+     ("core", "n2", Capacity.ON_DEMAND)),
+    ("an N2D AMD RAM SKU is the n2d GiB rate, not n2's", "N2D AMD Instance Ram running in Americas", "RAM",
+     "OnDemand", "GiBy.h", ("ram", "n2d", Capacity.ON_DEMAND)),
+    ("an N1 predefined core SKU counts although its group is N1Standard",
+     "N1 Predefined Instance Core running in Americas", "N1Standard", "OnDemand", "h",
+     ("core", "n1", Capacity.ON_DEMAND)),
+    ("a Spot Preemptible SKU is the spot rate", "Spot Preemptible N2 Instance Core running in Americas", "CPU",
+     "Preemptible", "h", ("core", "n2", Capacity.SPOT)),
+    ("C2's 'Compute optimized' description is the c2 family", "Compute optimized Core running in Americas",
+     "CPU", "OnDemand", "h", ("core", "c2", Capacity.ON_DEMAND)),
+    ("a Tesla T4 GPU SKU is the T4 rate", "Nvidia Tesla T4 GPU running in Americas", "GPU", "OnDemand", "h",
+     ("gpu", "T4", Capacity.ON_DEMAND)),
+    ("an A100 80GB GPU SKU is the A100-80GB rate", "Nvidia Tesla A100 80GB GPU running in Americas", "GPU",
+     "OnDemand", "h", ("gpu", "A100-80GB", Capacity.ON_DEMAND)),
+    ("a sole-tenancy premium is skipped", "N2 Sole Tenancy Instance Core running in Americas", "CPU",
+     "OnDemand", "h", None),
+    ("a custom machine core is skipped", "N2 Custom Instance Core running in Americas", "CPU", "OnDemand", "h",
+     None),
+    ("a 1-year commitment is skipped", "Commitment v1: N2 Cpu in Americas for 1 Year", "CPU", "Commit1Yr", "h",
+     None),
+    ("a RAM SKU priced per month is skipped", "N2 Instance Ram running in Americas", "RAM", "OnDemand",
+     "GiBy.mo", None),
+]
+
+
+@pytest.mark.parametrize("desc,group,usage,unit,expect", [c[1:] for c in SKU_CASES],
+                         ids=[c[0] for c in SKU_CASES])
+def test_billing_skus_become_per_family_rates(desc: str, group: str, usage: str, unit: str,
+                                             expect: tuple[str, str, Capacity] | None) -> None:
+    from .fake_gcp import _sku
+
+    rates = parse_billing_skus([_sku(desc, group, usage, ["us-central1", "us-east1"], unit, 0.031611)])
+    tables = {"core": rates.core, "ram": rates.ram, "gpu": rates.gpu}
+    if expect is None:
+        assert (rates.rows, rates.skipped) == (0, 1) and not any(tables.values())
+        return
+    table, what, cap = expect
+    assert tables[table] == {("us-central1", what, cap): 0.031611, ("us-east1", what, cap): 0.031611}
+    assert rates.rows == 1 and sum(map(len, tables.values())) == 2
+
+
+def test_machine_prices_compose_family_rates_gpus_and_shared_cores() -> None:
+    rates = parse_billing_skus(billing_skus())
+    od = Capacity.ON_DEMAND
+    n2 = price_machine_type(rates, "us-central1", InstanceType("n2-standard-4", 4, 16), od)
+    assert n2 == pytest.approx(4 * 0.031611 + 16 * 0.004237)  # 0.194236, libcloud's figure for it too
+    n2d = price_machine_type(rates, "us-central1", InstanceType("n2d-standard-4", 4, 16), od)
+    assert n2d == pytest.approx(4 * 0.027502 + 16 * 0.003686) and n2d != n2  # libcloud prices n2d as n2
+    e2 = price_machine_type(rates, "us-central1", InstanceType("e2-small", 0.5, 2), od)
+    assert e2 == pytest.approx(0.5 * 0.021811 + 2 * 0.002923)  # shared core: half a vCPU billed
+    g2 = price_machine_type(rates, "us-central1", InstanceType("g2-standard-4", 4, 16, 1, "L4"), Capacity.SPOT)
+    assert g2 == pytest.approx(4 * 0.00999 + 16 * 0.00117 + 0.2240)
+    t4 = price_machine_type(rates, "europe-west1", InstanceType("n1-standard-4", 4, 15), od, extra_gpu=("T4", 2))
+    assert t4 == pytest.approx(1.1 * (4 * 0.031611 + 15 * 0.004237 + 2 * 0.35))
+    assert price_machine_type(rates, "asia-east1", InstanceType("n2-standard-4", 4, 16), od) is None
+    assert price_machine_type(BillingRates({}, {}, {}), "us-central1", InstanceType("x-1", 1, 1), od) is None
+    assert split_gpu_type("n1-standard-4+T4:2") == ("n1-standard-4", "T4", 2)
+    assert split_gpu_type("n2-standard-4") == ("n2-standard-4", None, 0)
+
+
+LABEL_CASES = [
+    ("a valid label value is kept", "job-1_a", False, "job-1_a"),
+    ("upper case is lowered and '/' becomes '_'", "Req/ABC", False, "req_abc"),
+    ("a key that starts with a digit gets a letter in front", "9lives", True, "k9lives"),
+    ("dots and spaces are replaced", "team.ml ops", False, "team_ml_ops"),
+]
+
+
+@pytest.mark.parametrize("value,key,expect", [c[1:] for c in LABEL_CASES], ids=[c[0] for c in LABEL_CASES])
+def test_tags_become_valid_gce_labels(value: str, key: bool, expect: str) -> None:
+    assert gce_label(value, key=key) == expect
+
+
+def test_long_label_values_are_cut_to_63_and_stay_distinct() -> None:
+    a, b = gce_label("x" * 100 + "a"), gce_label("x" * 100 + "b")
+    assert len(a) == len(b) == 63 and a != b
+
+
+# -- against the fake ----------------------------------------------------------------------------------------
+
+
+def test_offers_page_through_machine_types_and_skus_and_tell_spot_apart(gcp: GcpProvider,
+                                                                        gce_faults: FaultProxy) -> None:
+    offers = gcp.offers()
+    by = {(o.region, o.instance_type.name, o.capacity): o for o in offers}
+    assert {o.region for o in offers} == {"us-central1", "europe-west1"}
+    assert all(o.location.zone is None and o.location.continent in ("na", "eu") for o in offers)
+    n2 = by[("us-central1", "n2-standard-4", Capacity.ON_DEMAND)]
+    assert n2.hourly_usd == pytest.approx(0.194236)  # not the sole-tenancy or custom rates
+    assert by[("us-central1", "n2-standard-4", Capacity.SPOT)].hourly_usd == pytest.approx(
+        4 * 0.007594 + 16 * 0.001018)
+    assert by[("europe-west1", "n2-standard-4", Capacity.ON_DEMAND)].hourly_usd == pytest.approx(1.1 * 0.194236)
+    g2 = by[("us-central1", "g2-standard-4", Capacity.ON_DEMAND)].instance_type
+    assert (g2.gpus, g2.accelerator, g2.gpu_memory_gib) == (1, "L4", 24.0)
+    assert by[("us-central1", "e2-small", Capacity.ON_DEMAND)].instance_type.vcpus == 0.5
+    t4 = {n for (r, n, c) in by if "+T4:" in n and c is Capacity.ON_DEMAND}
+    assert {(r, n) for (r, n, c) in by if "+" in n} == {("us-central1", n) for n in t4}  # no T4 in europe
+    assert t4 == {"n1-standard-4+T4:1", "n1-standard-4+T4:2", "n1-standard-4+T4:4"}
+    pages = [c for c in gce_faults.calls if c.path.endswith("/zones/us-central1-a/machineTypes")]
+    assert len(pages) == 3  # five types, two per page, followed through nextPageToken
+    sku_pages = [c for c in gce_faults.calls if c.path.endswith("/skus")]
+    assert len(sku_pages) == -(-len(billing_skus()) // 7) and sku_pages[1].query["pageToken"] == ["7"]
+    [prov] = gcp.last_provenance
+    assert prov.provider == "gcp" and prov.rows == 2 * 2 * len(RATES) and prov.offers == len(offers)
+
+
+def test_round_trip_launch_list_terminate(gcp: GcpProvider, gcp_fake) -> None:
+    assert isinstance(gcp, Provider)
+    req = new_request()
+    offer = next(o for o in gcp.offers() if o.instance_type.name == "n2-standard-4"
+                 and o.region == "us-central1" and o.capacity is Capacity.SPOT)
+    made = gcp.launch(offer, 2, req, tags={TAG_JOB: "Job/GCP 1"})
+    assert len(made) == 2 and all(i.state is InstanceState.RUNNING for i in made)
+    assert all(i.zone == "us-central1-a" and i.id.startswith("us-central1-a/hb-") for i in made)
+    assert all(i.tags == {TAG_JOB: "Job/GCP 1", TAG_REQUEST: req} for i in made)  # original tags kept
+    raw = gcp_fake.app.state.instances[tuple(made[0].id.split("/"))]
+    assert raw["labels"] == {TAG_JOB: "job_gcp_1", TAG_REQUEST: gce_label(req)}
+    assert raw["scheduling"]["preemptible"] is True
+    assert json.loads(raw["metadata"]["items"][0]["value"])[TAG_JOB] == "Job/GCP 1"
+    assert raw["metadata"]["items"][0]["key"] == TAGS_METADATA_KEY
+    again = gcp.launch(offer, 2, req, tags={TAG_JOB: "Job/GCP 1"})
+    assert sorted(i.id for i in again) == sorted(i.id for i in made) and len(live(gcp_fake, req)) == 2
+    assert sorted(i.id for i in gcp.instances({TAG_JOB: "Job/GCP 1"})) == sorted(i.id for i in made)
+    assert gcp.instances({TAG_JOB: "job_gcp_1"}) == []  # same label, other tag: checked exactly
+    gcp.terminate([i.id for i in made] + ["us-central1-a/never-existed", "nowhere-1a/x"], req)
+    assert gcp.instances({TAG_JOB: "Job/GCP 1"}) == [] and live(gcp_fake, req) == []
+    assert not [d for (z, d) in gcp_fake.app.state.disks if d.startswith(made[0].id.split("/")[1][:13])]
+
+
+def test_an_n1_with_an_attached_t4_asks_for_the_accelerator(gcp: GcpProvider, gcp_fake) -> None:
+    req = new_request()
+    offer = next(o for o in gcp.offers() if o.instance_type.name == "n1-standard-4+T4:2"
+                 and o.capacity is Capacity.ON_DEMAND)
+    [inst] = gcp.launch(offer, 1, req, tags={TAG_JOB: "gpu-job"})
+    raw = gcp_fake.app.state.instances[tuple(inst.id.split("/"))]
+    assert raw["guestAccelerators"][0]["acceleratorCount"] == 2
+    assert raw["guestAccelerators"][0]["acceleratorType"].endswith("/acceleratorTypes/nvidia-tesla-t4")
+    assert raw["scheduling"]["onHostMaintenance"] == "TERMINATE" and inst.instance_type == "n1-standard-4+T4:2"
+    gcp.terminate([inst.id], req)
+    assert live(gcp_fake, req) == []
+
+
+def test_a_stocked_out_zone_moves_the_launch_to_the_next_zone(gcp: GcpProvider, gcp_fake,
+                                                            gce_faults: FaultProxy) -> None:
+    gcp_fake.app.state.exhausted.add(("us-central1-a", "n2-standard-4"))
+    # and in zone b the insert takes effect but its operation reports a stock-out: a late failure
+    gce_faults.add(operations_in("us-central1-b"), operation_error("ZONE_RESOURCE_POOL_EXHAUSTED"))
+    gcp.zones = ["us-central1-a", "us-central1-b", "us-central1-c"]
+    offer = next(o for o in gcp.offers() if o.instance_type.name == "n2-standard-4"
+                 and o.region == "us-central1" and o.capacity is Capacity.ON_DEMAND)
+    req = new_request()
+    [inst] = gcp.launch(offer, 1, req, tags={TAG_JOB: "zonal"})
+    assert inst.zone == "us-central1-c" and live(gcp_fake, req) == [inst.id]  # zone b's leftover deleted
+    gcp.terminate([inst.id], req)
+
+
+def test_spot_preemption_is_reported_once_by_poll_errors(gcp: GcpProvider, gcp_fake) -> None:
+    req = new_request()
+    offer = next(o for o in gcp.offers() if o.instance_type.name == "e2-small" and o.capacity is Capacity.SPOT)
+    [inst] = gcp.launch(offer, 1, req, tags={TAG_JOB: "spotty"})
+    gcp_fake.app.state.instances[tuple(inst.id.split("/"))]["status"] = "TERMINATED"  # GCE preempted it
+    assert [i.state for i in gcp.instances({TAG_REQUEST: req})] == [InstanceState.TERMINATED]
+    gcp.instances({TAG_REQUEST: req})
+    [err] = gcp.poll_errors()
+    assert isinstance(err, CapacityError) and err.code == "preempted" and inst.id in str(err)
+    assert gcp.poll_errors() == []
+    gcp.terminate([inst.id], req)
+    assert live(gcp_fake, req) == []
+
+
+CENTRAL = make_option("gcp", "us-central1", "n2-standard-4", 0.194236, vcpus=4, memory_gib=16)
+EUROPE = make_option("gcp", "europe-west1", "n2-standard-4", 0.21366, vcpus=4, memory_gib=16)
+
+
+def _provision(gcp: GcpProvider, options, retry: RetryPolicy | None = None):
+    req = new_request()
+    clock = ManualClock()
+    out = provision(options, lambda name: gcp, request_id=req, tags={TAG_JOB: "job-f"}, job=None,
+                    retry=retry or RetryPolicy(), clock=clock, rng=random.Random(7))
+    return out, req, clock
+
+
+FAILOVER_CASES = [
+    ("QUOTA_EXCEEDED on insert blocks the region and fails over",
+     [(request("POST", "/zones/us-central1-"), gce_error("QUOTA_EXCEEDED", "Quota 'CPUS' exceeded."), -1, False)],
+     ["quota", "launched"], QuotaError),
+    ("a stock-out in every zone of the region, after the insert took effect, fails over and leaves no orphan",
+     [(request("POST", "/zones/us-central1-"), operation_error("ZONE_RESOURCE_POOL_EXHAUSTED"), -1, True)],
+     ["capacity", "launched"], CapacityError),
+]
+
+
+@pytest.mark.parametrize("faults,outcomes,first_error", [c[1:] for c in FAILOVER_CASES],
+                         ids=[c[0] for c in FAILOVER_CASES])
+def test_failover_to_the_next_region_leaves_no_orphan(gcp: GcpProvider, gce_faults: FaultProxy, gcp_fake,
+                                                      faults, outcomes, first_error) -> None:
+    for match, reply, times, passthrough in faults:
+        gce_faults.add(match, reply, times, passthrough=passthrough)
+    out, req, _ = _provision(gcp, [CENTRAL, EUROPE])
+    assert [a.outcome for a in out.attempts] == outcomes and out.option == EUROPE
+    assert first_error.__name__.removesuffix("Error").lower() in out.attempts[0].outcome
+    assert all(i.region == "europe-west1" for i in out.instances)
+    assert [z.split("/")[0] for z in live(gcp_fake, req)] == ["europe-west1-b"]  # nothing left in us-central1
+    gcp.terminate([i.id for i in out.instances], req)
+    assert live(gcp_fake, req) == []
+
+
+def test_rate_limits_back_off_then_succeed(gcp: GcpProvider, gce_faults: FaultProxy, gcp_fake) -> None:
+    gce_faults.add(request("POST", "/instances"), gce_error("rateLimitExceeded", "Rate Limit Exceeded"), times=2)
+    out, req, clock = _provision(gcp, [CENTRAL], retry=RetryPolicy(6, 10, 120))
+    assert [a.outcome for a in out.attempts] == ["transient", "transient", "launched"]
+    assert len(clock.sleeps) == 2 and 5 <= clock.sleeps[0] <= 10 and 10 <= clock.sleeps[1] <= 20
+    gcp.terminate([i.id for i in out.instances], req)
+
+
+def test_forbidden_stops_at_once(gcp: GcpProvider, gce_faults: FaultProxy, gcp_fake) -> None:
+    gce_faults.add(request("POST", "/instances"), gce_error("forbidden", "Required 'compute.instances.create'"),
+                   times=-1)
+    out, req, _ = _provision(gcp, [CENTRAL, EUROPE])
+    assert [a.outcome for a in out.attempts] == ["auth"] and isinstance(out.error, AuthError)
+    assert live(gcp_fake, req) == []
+
+
+def test_a_billing_api_outage_is_a_typed_transient_error(gcp: GcpProvider, gce_faults: FaultProxy) -> None:
+    gce_faults.add(request("GET", "/skus"), gce_error("backendError", "Backend Error", status=503), times=-1)
+    with pytest.raises(TransientError, match="backendError"):
+        gcp.offers()
+
+
+# -- registry, refresh, CLI --------------------------------------------------------------------------------
+
+
+def test_the_registry_builds_it_and_missing_credentials_say_how_to_fix(monkeypatch: pytest.MonkeyPatch,
+                                                                       gcp_creds: dict[str, str],
+                                                                       tmp_path: Path) -> None:
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", gcp_creds["key"])
+    monkeypatch.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
+    made = registry.create("gcp", zones=["europe-west1-b"])
+    assert isinstance(made, GcpProvider) and made.project == PROJECT and made.zones == ["europe-west1-b"]
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS")
+    with pytest.raises(AuthError, match="To fix: set GOOGLE_APPLICATION_CREDENTIALS"):
+        registry.create("gcp")
+    (tmp_path / "bad.json").write_text('{"type": "authorized_user"}')
+    with pytest.raises(AuthError, match="not|cannot"):
+        GcpProvider(credentials_file=str(tmp_path / "bad.json"))
+
+
+def test_refresh_makes_a_new_version_that_placement_uses(gcp: GcpProvider, tmp_path: Path) -> None:
+    from pricing import CatalogStore, load_egress
+
+    store = CatalogStore(tmp_path)
+    version = refresh_catalog(["gcp"], store, providers_factory=lambda name: gcp)
+    assert store.current() == version
+    catalog = store.load(version)
+    assert len(catalog) == len(gcp.offers())
+    place = pytest.importorskip("policies.placement").place
+    cpu = place(Request(name="r", vcpus=4, memory_gib=16, providers=("gcp",), spot=SpotPolicy.ALLOWED),
+                catalog, load_egress(None))
+    assert cpu.placement is not None
+    best = cpu.placement
+    assert (best.provider, best.region, best.instance_type, best.capacity) == (
+        "gcp", "us-central1", "n2d-standard-4", "spot")
+    assert best.hourly_usd == pytest.approx(4 * 0.006606 + 16 * 0.000886)
+    gpu = place(Request(name="g", vcpus=2, memory_gib=8, gpus=1, accelerator="T4", providers=("gcp",)),
+                catalog, load_egress(None))
+    assert gpu.placement is not None and gpu.placement.instance_type == "n1-standard-4+T4:1"
+    assert gpu.placement.hourly_usd == pytest.approx(4 * 0.031611 + 15 * 0.004237 + 0.35)
+
+
+def test_options_come_from_the_environment() -> None:
+    env = {"BROKER_GCP_ZONES": "us-central1-a, europe-west1-b", "BROKER_GCP_ENDPOINT": "https://127.0.0.1:3",
+           "BROKER_GCP_BILLING_URL": "https://127.0.0.1:4", "BROKER_GCP_TOKEN_CACHE": "/t.json",
+           "BROKER_CA_BUNDLE": "/ca.pem"}
+    assert options_from_env("gcp", env) == {"zones": ["us-central1-a", "europe-west1-b"],
+                                            "endpoint": "https://127.0.0.1:3", "billing_url": "https://127.0.0.1:4",
+                                            "token_cache": "/t.json", "ca_bundle": "/ca.pem"}
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "AZURE_", "GOOGLE_", "BROKER_"))}
+    env.update({"HOME": str(tmp_path), "AWS_EC2_METADATA_DISABLED": "true", "COLUMNS": "200"}, **extra)
+    return env
+
+
+@pytest.mark.slow
+def test_cli_check_shows_gcp_with_its_credential_source_and_refresh_works(
+        gcp_creds: dict[str, str], gcp_proxy: FaultProxy, pki, tmp_path: Path) -> None:
+    env = _env(tmp_path, GOOGLE_APPLICATION_CREDENTIALS=gcp_creds["key"])
+    r = subprocess.run([*BROKER, "providers", "check", "--json"], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    [gcp] = [c for c in json.loads(r.stdout) if c["name"] == "gcp"]
+    assert gcp["usable"] and "GOOGLE_APPLICATION_CREDENTIALS" in gcp["credentials_source"]
+    assert gcp_creds["email"] in gcp["credentials_source"]
+    env |= {"BROKER_GCP_ENDPOINT": gcp_proxy.url, "BROKER_GCP_BILLING_URL": gcp_proxy.url,
+            "BROKER_GCP_ZONES": "europe-west1-b", "BROKER_GCP_TOKEN_CACHE": gcp_creds["token"],
+            "BROKER_CA_BUNDLE": pki.ca_cert}
+    r = subprocess.run([*BROKER, "catalog", "refresh", "--provider", "gcp", "--data-dir", str(tmp_path / "d")],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    from pricing import CatalogStore
+
+    store = CatalogStore(tmp_path / "d")
+    [(version, _, label)] = store.versions()
+    assert version in r.stdout and "gcp" in label
+    catalog = store.load(version)
+    n2 = [o for o in catalog.offers(range(len(catalog))) if o.instance_type.name == "n2-standard-4"]
+    assert sorted((o.region, str(o.capacity), round(o.hourly_usd, 6)) for o in n2) == [
+        ("europe-west1", "on-demand", round(1.1 * 0.194236, 6)),
+        ("europe-west1", "spot", round(1.1 * (4 * 0.007594 + 16 * 0.001018), 6))]
