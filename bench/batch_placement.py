@@ -7,13 +7,14 @@ or not, data inputs in different regions) are placed once each with ``policies.p
 each job takes a random shape and a duration factor that scales its candidates' costs, plus an on-prem
 candidate (three racks of owned hosts, cheap but small) when it needs no GPU. Capacity limits: each job's
 demand is spread evenly over the pools of its candidates and every ``provider:region`` pool gets a vCPU and
-GPU quota of 1.2 x its share (at least 32 vCPU / 8 GPU and the largest job; the racks 0.8 x, no GPU). In total there is room for
-nearly everyone, but not where everyone's cheapest option is, so the solvers must decide who goes where.
+GPU quota of 1.2 x its share (at least 32 vCPU / 8 GPU and the largest job; the racks 0.8 x, no GPU). In
+total there is room for nearly everyone, but not where everyone's cheapest option is, so the solvers must
+decide who goes where.
 
 Prints, per size: heuristic seconds and cost, HiGHS seconds, status, cost and gap, and the heuristic's
 excess over HiGHS. HiGHS runs single-threaded with a 60 s limit.
 
-    .venv/bin/python bench/batch_placement.py [--sizes 100,1000,10000] [--seed 1] [--time-limit 60]
+    .venv/bin/python bench/batch_placement.py [--sizes 100,1000,2000,10000] [--seed 1] [--time-limit 60]
         [--markdown docs/benchmarks/policies.md]
 """
 
@@ -115,7 +116,7 @@ def instance(n: int, shape_list: list, rng: random.Random) -> tuple[list[BatchJo
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="100,1000,10000")
+    parser.add_argument("--sizes", default="100,1000,2000,10000")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--catalog", default=str(ROOT.parent / "shared" / "catalogs" / "skypilot" / "v8"))

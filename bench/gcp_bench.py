@@ -61,7 +61,7 @@ def bench_accuracy() -> tuple[int, int, list[str]]:
     family from the first two letters, bills shared-core types as full vCPUs and never adds GPUs."""
     from libcloud.pricing import get_pricing
 
-    lc = get_pricing(driver_type="compute", driver_name="gce_instances")
+    lc = get_pricing(driver_type="compute", driver_name="gce_instances") or {}
     wrong: list[str] = []
     for name, (_, _, accs, shared) in MACHINE_TYPES.items():
         fam = name[:2]
@@ -76,8 +76,9 @@ def bench_lifecycle(tmp: Path) -> dict[str, float]:
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption()).decode()
-    (tmp / "sa.json").write_text(json.dumps({"type": "service_account", "project_id": "demo-proj",
-                                             "private_key": pem, "client_email": "b@demo-proj.iam.gserviceaccount.com"}))
+    sa = {"type": "service_account", "project_id": "demo-proj", "private_key": pem,
+          "client_email": "b@demo-proj.iam.gserviceaccount.com"}
+    (tmp / "sa.json").write_text(json.dumps(sa))
     expires = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     (tmp / "tok.json").write_text(json.dumps({"access_token": "x", "token_type": "Bearer", "expire_time": expires}))
     out: dict[str, float] = {}

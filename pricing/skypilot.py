@@ -19,6 +19,8 @@ Conventions understood (headers differ per cloud; columns are found by name):
 from __future__ import annotations
 
 import csv
+import math
+import operator
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -125,14 +127,16 @@ def load_skypilot_csv(path: str | Path, provider: str) -> Catalog:
     return b.build()
 
 
+@lru_cache(maxsize=1 << 17)
 def _f(s: str) -> float | None:
+    """A finite float, or ``None`` for empty/unparsable/NaN/inf (catalog cells repeat a lot: cached)."""
     if not s:
         return None
     try:
         v = float(s)
     except ValueError:
         return None
-    return v if v == v and v not in (float("inf"), float("-inf")) else None
+    return v if math.isfinite(v) else None
 
 
 def _price(s: str) -> float | None:
@@ -140,7 +144,17 @@ def _price(s: str) -> float | None:
     return v if v is not None and v > 0 else None
 
 
-def _rows(path: Path) -> Iterator[dict[str, str]]:
+@lru_cache(maxsize=1 << 14)
+def _azure_arm(name: str) -> bool:
+    return _AZURE_ARM_RE.match(name) is not None
+
+
+_FIELDS = ("InstanceType", "vCPUs", "MemoryGiB", "AcceleratorName", "AcceleratorCount", "GpuInfo", "Price",
+           "SpotPrice", "Region", "AvailabilityZone", "Arch")
+
+
+def _rows(path: Path) -> Iterator[tuple[str, ...]]:
+    """Rows as tuples in ``_FIELDS`` order whatever the file's column order; a missing column reads ``""``."""
     try:
         with path.open(newline="", encoding="utf-8") as f:
             reader = csv.reader(f)
@@ -150,11 +164,15 @@ def _rows(path: Path) -> Iterator[dict[str, str]]:
                     f"{path}: not a SkyPilot v8 vms.csv (header {header!r}). To fix: the header must name "
                     "InstanceType, vCPUs, MemoryGiB, Price, SpotPrice and Region"
                 )
+            width = len(header)
+            pick = operator.itemgetter(*(header.index(k) if k in header else width for k in _FIELDS))
+            pad = [""]
             for rec in reader:
-                if len(rec) != len(header):
+                if len(rec) != width:
                     # Unquoted "V1,V2" Generation values (see PROVENANCE.md): keep the leading columns.
-                    rec = rec[: len(header)] + [""] * (len(header) - len(rec))
-                yield dict(zip(header, rec, strict=True))
+                    rec = rec[:width] + [""] * (width - len(rec))
+                rec += pad
+                yield pick(rec)
     except (OSError, UnicodeDecodeError) as exc:
         raise CatalogError(f"cannot read {path}: {exc}") from exc
 
@@ -181,22 +199,18 @@ def _gpu_mem_gib(info: str) -> float:
 
 def _load_plain(b: CatalogBuilder, provider: str, path: Path, source: str, counts: _Counts) -> None:
     out = _Cols()
-    for r in _rows(path):
+    aws = provider == "aws"
+    for name, vcpus_s, mem_s, acc, n_s, ginfo, price_s, spot_s, region, zone, arch in _rows(path):
         counts.rows += 1
-        name = r.get("InstanceType", "")
-        vcpus, mem, region = _f(r.get("vCPUs", "")), _f(r.get("MemoryGiB", "")), r.get("Region", "")
-        acc = r.get("AcceleratorName", "")
-        n_acc = _f(r.get("AcceleratorCount", "")) or 0.0
+        vcpus, mem = _f(vcpus_s), _f(mem_s)
+        n_acc = _f(n_s) or 0.0
         if not name or vcpus is None or mem is None or not region or (acc and (n_acc != int(n_acc) or n_acc < 1)):
             counts.dropped += 1
             continue
-        if provider == "aws":
-            arm = r.get("Arch", "") in ("arm64", "aarch64")
-        else:
-            arm = _AZURE_ARM_RE.match(name) is not None
-        gmem = _gpu_mem_gib(r.get("GpuInfo", "")) if acc else 0.0
-        if not out.add(_price(r.get("Price", "")), _price(r.get("SpotPrice", "")), region,
-                       r.get("AvailabilityZone") or "", name, vcpus, mem, int(n_acc) if acc else 0, acc, gmem, arm):
+        arm = arch in ("arm64", "aarch64") if aws else _azure_arm(name)
+        gmem = _gpu_mem_gib(ginfo) if acc else 0.0
+        if not out.add(_price(price_s), _price(spot_s), region, zone, name, vcpus, mem,
+                       int(n_acc) if acc else 0, acc, gmem, arm):
             counts.dropped += 1
     b.extend(provider=provider, source=source, **out.cols)
 
@@ -215,17 +229,18 @@ def _gcp_fixed_gpu(name: str) -> tuple[str, int] | None:
 
 def _load_gcp(b: CatalogBuilder, path: Path, source: str, counts: _Counts) -> None:
     out = _Cols()
-    hosts: list[dict[str, str]] = []
+    hosts: list[tuple[str, ...]] = []
     # (region, zone, acc, count) -> (od, spot, gpu_mem_gib)
     gpus: dict[tuple[str, str, str, int], tuple[float | None, float | None, float]] = {}
     seen: set[tuple[str, str, str, str]] = set()
     for r in _rows(path):
         counts.rows += 1
-        if r.get("InstanceType"):
+        if r[0]:
             hosts.append(r)
             continue
-        acc, n = r.get("AcceleratorName", ""), _f(r.get("AcceleratorCount", ""))
-        raw_key = (r.get("Region", ""), r.get("AvailabilityZone", ""), acc, r.get("AcceleratorCount", ""))
+        _, _, _, acc, n_s, ginfo, price_s, spot_s, region, zone, _ = r
+        n = _f(n_s)
+        raw_key = (region, zone, acc, n_s)
         if raw_key in seen:
             counts.duplicates += 1  # duplicate accelerator row: the first wins
             continue
@@ -233,25 +248,22 @@ def _load_gcp(b: CatalogBuilder, path: Path, source: str, counts: _Counts) -> No
         if not acc or n is None or n != int(n) or n < 1 or acc.startswith("tpu"):
             counts.dropped += 1
             continue
-        key = (r.get("Region", ""), r.get("AvailabilityZone", ""), acc, int(n))
-        gpus[key] = (_price(r.get("Price", "")), _price(r.get("SpotPrice", "")), _gpu_mem_gib(r.get("GpuInfo", "")))
+        gpus[(region, zone, acc, int(n))] = (_price(price_s), _price(spot_s), _gpu_mem_gib(ginfo))
     # N1 hosts per zone, for attachable GPUs.
     n1_by_zone: dict[tuple[str, str], list[tuple[str, float, float, float | None, float | None]]] = {}
-    for r in hosts:
-        name = r["InstanceType"]
-        vcpus, mem = _f(r.get("vCPUs", "")), _f(r.get("MemoryGiB", ""))
-        region, zone = r.get("Region", ""), r.get("AvailabilityZone", "")
+    for name, vcpus_s, mem_s, acc_in_row, n_s, ginfo, price_s, spot_s, region, zone, _ in hosts:
+        vcpus, mem = _f(vcpus_s), _f(mem_s)
         if vcpus is None or mem is None or not region:
             counts.dropped += 1
             continue
-        od, spot = _price(r.get("Price", "")), _price(r.get("SpotPrice", ""))
+        od, spot = _price(price_s), _price(spot_s)
         arm = name.startswith(_GCP_ARM_PREFIX)
         fixed = _gcp_fixed_gpu(name)
-        acc_in_row, n_in_row = r.get("AcceleratorName", ""), _f(r.get("AcceleratorCount", ""))
+        n_in_row = _f(n_s)
         if acc_in_row and n_in_row and n_in_row >= 1 and n_in_row == int(n_in_row):
             # A whole GPU VM (as Catalog.to_skypilot_csv writes them): the price already includes the GPUs.
             if not out.add(od, spot, region, zone, name, vcpus, mem, int(n_in_row), acc_in_row,
-                           _gpu_mem_gib(r.get("GpuInfo", "")), arm):
+                           _gpu_mem_gib(ginfo), arm):
                 counts.dropped += 1
             continue
         if fixed is not None:

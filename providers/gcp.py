@@ -341,7 +341,10 @@ class GcpProvider:
     """Compute Engine instances in ``zones`` of ``project`` (see the module docstring for the contract).
 
     ``image`` is the boot image (a family URL is fine), ``network`` the VPC network name, ``disk_gb`` the
-    boot disk size; ``poll_interval_seconds`` is how often GCE operations are polled."""
+    boot disk size; ``poll_interval_seconds`` is how often GCE operations are polled.
+
+    One object holds one Libcloud connection, which is not thread-safe: build one adapter per thread (it is
+    cheap: the key file is read, the token comes from the cache)."""
 
     name = "gcp"
     capabilities = frozenset(
@@ -443,7 +446,9 @@ class GcpProvider:
 
     def _billing_skus(self) -> list[dict[str, Any]]:
         url = f"{self.billing_url}/v1/services/{COMPUTE_SERVICE_ID}/skus"
-        token = self._driver().connection.oauth2_credential.access_token
+        drv = self._driver()
+        with map_errors(self.name):
+            token = drv.connection.oauth2_credential.access_token  # refreshed by Libcloud when expired
         verify: Any = self.ca_bundle or True
         skus: list[dict[str, Any]] = []
         with map_errors(self.name), httpx.Client(timeout=60.0, verify=verify,

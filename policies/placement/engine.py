@@ -61,7 +61,7 @@ REASONS: tuple[str, ...] = (
     *price_cap.REASONS, *deadline.REASONS,
 )
 _CANDIDATES = 256  # rows ranked per round; widened until enough diverse alternatives are found
-_SCAN_STEP = 1024  # first price-ordered window of _scan (tests shrink it to exercise the bound logic)
+_SCAN_STEP = 1024  # first price-ordered window of _location_firsts (tests shrink it to exercise the bound)
 
 
 @lru_cache(maxsize=16)
@@ -112,61 +112,49 @@ def _costs(request: Request, cat: Catalog, idx: np.ndarray, loc_usd: np.ndarray,
     )
 
 
-def _scan(request: Request, cat: Catalog, alive: np.ndarray, loc_usd: np.ndarray, loc_hours: np.ndarray,
-          wait_hours: float, want: int) -> Costs:
-    """Costs of a subset of the feasible rows that provably holds the ``want`` best diverse options by cost.
+def _location_firsts(cat: Catalog, alive: np.ndarray, want: int, a_loc: np.ndarray, b_loc: np.ndarray,
+                     *, exhaustive: bool) -> np.ndarray | None:
+    """Rows that provably hold the ``want`` best diverse picks: the first feasible row of each location
+    found, or ``None`` when fewer than ``want`` locations have feasible rows (then more rows per location
+    are needed to fill the alternatives and the caller costs every feasible row).
 
     Design choice: the catalog is sorted by hourly price and a row's total is ``hourly x A[loc] + B[loc]``
-    (``A`` = node-hours incl. transfer, ``B`` = egress). Scan a growing price-ordered prefix until ``want``
-    diverse picks exist; a later row of location ``L`` costs at least ``hourly[stop] x A[L] + B[L]``, so only
-    locations where that bound is within the dearest pick stay open. When none does, the prefix is final;
-    when a few do (the data's own region, typically), their remaining rows are added in one masked pass.
-    Thousands of rows get costed instead of every feasible one, and the answer is exact."""
+    (``A`` = node-hours incl. transfer, ``B`` = egress), and its finish depends only on its location; so a
+    location's best row is its first feasible row. Windows of growing size are scanned in price order,
+    recording each location's first row. For ``cost`` the scan stops once ``want`` locations are found and
+    every location not yet seen must cost at least ``hourly[stop] x A + B``, more than the ``want``-th best
+    found; ``exhaustive`` (the ``time`` objective) scans to the end. At most one row per location (~150) is
+    then costed and ranked, and the answer is exact."""
     n = len(alive)
-    a_loc = request.nodes * (request.duration_hours + loc_hours)
+    first = np.full(len(cat.locations), -1, dtype=np.int64)
+    uniform = len(a_loc) == 0 or bool(np.ptp(a_loc) == 0.0 and np.ptp(b_loc) == 0.0)
     pos, step = 0, _SCAN_STEP
-    chunks: list[np.ndarray] = []
-    count = 0
-    while True:
-        stop = min(n, pos + step)
-        new = np.flatnonzero(alive[pos:stop])
-        if len(new):
-            chunks.append(new + pos)
-            count += len(new)
-        pos = stop
-        if count >= want or pos >= n:
-            hits = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
-            c = _costs(request, cat, hits, loc_usd, loc_hours, wait_hours)
-            if pos >= n:
-                return c
-            picks = _pick(request, [(cat, c)], cost.keys, want)
-            if len(picks) == want:
-                worst = max(float(c.total_usd[j]) for _, j in picks)
-                open_locs = np.flatnonzero(float(cat.hourly_usd[pos]) * a_loc + loc_usd <= worst + 1e-12)
-                if len(open_locs) == 0:
-                    return c
-                if len(open_locs) <= 12:
-                    rest = np.flatnonzero(alive[pos:] & isin_codes(cat.loc_code[pos:], open_locs)) + pos
-                    return _costs(request, cat, np.concatenate([hits, rest]), loc_usd, loc_hours, wait_hours)
-        step *= 4
-
-
-def _scan_time(request: Request, cat: Catalog, alive: np.ndarray, loc_usd: np.ndarray, loc_hours: np.ndarray,
-               wait_hours: float, want: int) -> Costs:
-    """Costs of the feasible rows that can hold the ``want`` best diverse options by finish time.
-
-    Finish depends only on the location, so the picks come from the ``want`` earliest-finishing locations
-    that have feasible rows (ties included); only their rows are costed."""
-    per_loc = np.bincount(cat.loc_code, weights=alive, minlength=len(cat.locations)) > 0
-    finish = np.round((wait_hours + loc_hours + request.duration_hours) * 3600.0)
-    have = np.flatnonzero(per_loc)
-    if len(have) > want:
-        threshold = np.sort(finish[have])[want - 1]
-        keep = have[finish[have] <= threshold]
-        rows = np.flatnonzero(alive & isin_codes(cat.loc_code, keep))
-    else:
-        rows = np.flatnonzero(alive)
-    return _costs(request, cat, rows, loc_usd, loc_hours, wait_hours)
+    while pos < n:
+        stop = n if exhaustive else min(n, pos + step)
+        hits = np.flatnonzero(alive[pos:stop]) + pos
+        pos, step = stop, step * 4
+        if len(hits):
+            locs = cat.loc_code[hits]
+            fresh = first[locs] < 0
+            if fresh.any():
+                h, lo = hits[fresh], locs[fresh]
+                first[lo[::-1]] = h[::-1]  # the last write wins: reversed, that is each location's first row
+        if exhaustive or pos >= n:
+            continue
+        found = np.flatnonzero(first >= 0)
+        if len(found) < want:
+            continue
+        if uniform:  # every location prices alike: price order is rank order (ties by row)
+            return np.sort(first[found])[:want]
+        totals = cat.hourly_usd[first[found]] * a_loc[found] + b_loc[found]
+        worst = float(np.partition(totals, want - 1)[want - 1])
+        unseen = first < 0
+        if not unseen.any() or float((cat.hourly_usd[pos] * a_loc[unseen] + b_loc[unseen]).min()) > worst:
+            break
+    found = np.flatnonzero(first >= 0)
+    if len(found) < want:
+        return None
+    return np.sort(first[found])
 
 
 def _option(cat: Catalog, c: Costs, j: int) -> PlacementOption:
@@ -219,7 +207,7 @@ def place(
     rejected: dict[str, int] = {}
     considered = 0
     pools: list[tuple[Catalog, Costs]] = []
-    extra_feasible = [0]  # feasible rows not costed (beyond the price-ordered prefix _scan proved enough)
+    extra_feasible = [0]  # feasible rows not costed (_location_firsts proved they cannot win)
     for cat in parts:
         considered += len(cat)
         alive = np.ones(len(cat), dtype=bool)
@@ -241,11 +229,12 @@ def place(
             n_alive = left
         if n_alive == 0:
             c = _costs(request, cat, np.zeros(0, dtype=np.int64), loc_usd, loc_hours, wait_hours)
-        elif request.data and objective is not cost.keys:
-            c = _scan_time(request, cat, alive, loc_usd, loc_hours, wait_hours, top + 1)
         else:
-            # Without data every row finishes at the same time, so both objectives rank by cost.
-            c = _scan(request, cat, alive, loc_usd, loc_hours, wait_hours, top + 1)
+            a_loc = request.nodes * (request.duration_hours + loc_hours)
+            rows = _location_firsts(cat, alive, top + 1, a_loc, loc_usd,
+                                    exhaustive=bool(request.data) and objective is not cost.keys)
+            c = _costs(request, cat, np.flatnonzero(alive) if rows is None else rows, loc_usd, loc_hours,
+                       wait_hours)
         extra_feasible[0] += n_alive - len(c.idx)
         pools.append((cat, c))
     feasible = sum(len(c.idx) for _, c in pools) + extra_feasible[0]

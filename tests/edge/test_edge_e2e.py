@@ -132,7 +132,8 @@ def test_offline_backlog_arrives_exactly_once_in_order(disturbance: str, tmp_pat
             mosquitto.restart()
         assert gw.sink.wait_for("job-bulk", "SUCCEEDED", 120), gw.sink.calls
         got = [r["value"] for r in results(store, "edge-bulk-1", "job-bulk.1")]
-        assert got == list(range(N)), (gw.rejections.counts, (state / "agent.log").read_text()[-3000:])  # every result exactly once, in the order produced
+        # every result exactly once, in the order produced
+        assert got == list(range(N)), (gw.rejections.counts, (state / "agent.log").read_text()[-3000:])
         assert final_of(store, "edge-bulk-1", "job-bulk.1") is not None
         wait_until(lambda: _outbox_results(state) == 0, 30, "the outbox to drain after acks")
         assert [c[1] for c in gw.sink.calls if c[0] == "job-bulk"] == ["RUNNING", "SUCCEEDED"]

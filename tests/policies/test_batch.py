@@ -7,7 +7,16 @@ import random
 
 import pytest
 
-from policies.batch import BatchJob, Candidate, PoolCapacity, candidates_from_options, evaluate, gap, solve_exact, solve_heuristic
+from policies.batch import (
+    BatchJob,
+    Candidate,
+    PoolCapacity,
+    candidates_from_options,
+    evaluate,
+    gap,
+    solve_exact,
+    solve_heuristic,
+)
 from tests.policies.builders import make_option
 
 
@@ -76,3 +85,21 @@ def test_candidates_from_placement_options() -> None:
 
 def test_empty_batch() -> None:
     assert solve_heuristic([], {}).placed == 0
+
+
+@pytest.mark.parametrize("method", ["solve_lp_round", "solve_lagrangian"],
+                         ids=["the LP-rounding heuristic", "the Lagrangian heuristic"])
+def test_each_heuristic_is_feasible_and_bounded_by_its_lower_bound(method: str) -> None:
+    import policies.batch as batch
+
+    rng = random.Random(11)
+    pools = [f"gcp:r{i}" for i in range(5)]
+    jobs = [BatchJob(f"j{j}", tuple(Candidate(p, rng.uniform(1, 5), rng.choice([1, 2, 4])) for p in
+                                    rng.sample(pools, 3))) for j in range(80)]
+    capacity = {p: PoolCapacity(40) for p in pools}
+    result = getattr(batch, method)(jobs, capacity)
+    exact = solve_exact(jobs, capacity, time_limit_seconds=20)
+    assert evaluate(jobs, capacity, result.assignment) == []
+    assert result.lower_bound_usd is not None
+    assert result.lower_bound_usd <= exact.objective_usd + 1e-6 <= result.objective_usd + 2e-6
+    assert gap(result, exact) < 0.05

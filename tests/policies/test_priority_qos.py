@@ -6,7 +6,13 @@ import pytest
 
 from broker.errors import ConflictError, SpecError
 from policies.admission import PolicySnapshot, admit, with_resolved_priority
-from policies.priority import PriorityClass, ResolvedPriority, check_single_global_default, parse_priority_class, resolve
+from policies.priority import (
+    PriorityClass,
+    ResolvedPriority,
+    check_single_global_default,
+    parse_priority_class,
+    resolve,
+)
 from policies.qos import QoSClass, qos_class, qos_rank
 from tests.policies.builders import T0, make_workload
 

@@ -108,6 +108,7 @@ class FaultProxy:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # else every keep-alive response waits ~40 ms for a delayed ACK
 
             def log_message(self, *args: Any) -> None:
                 return

@@ -272,6 +272,24 @@ def test_a_stocked_out_zone_moves_the_launch_to_the_next_zone(gcp: GcpProvider, 
     gcp.terminate([inst.id], req)
 
 
+def test_a_gang_cut_short_is_completed_in_the_same_zone_by_a_retry(gcp: GcpProvider, gce_faults: FaultProxy,
+                                                                    gcp_fake) -> None:
+    offer = next(o for o in gcp.offers() if o.instance_type.name == "n2-standard-4"
+                 and o.region == "us-central1" and o.capacity is Capacity.ON_DEMAND)
+    req = new_request()
+    gcp_fake.app.state.exhausted.add(("us-central1-a", "n2-standard-4"))
+    first = gcp.launch(offer, 1, req, tags={TAG_JOB: "gang"})  # lands in zone b
+    gcp_fake.app.state.exhausted.clear()
+    gce_faults.add(request("POST", "/instances"), gce_error("QUOTA_EXCEEDED", "Quota 'CPUS' exceeded."))
+    with pytest.raises(QuotaError):
+        gcp.launch(offer, 3, req, tags={TAG_JOB: "gang"})  # one exists: no zone hopping, the error surfaces
+    gang = gcp.launch(offer, 3, req, tags={TAG_JOB: "gang"})
+    assert first[0].id in {i.id for i in gang} and {i.zone for i in gang} == {"us-central1-b"}
+    assert len(live(gcp_fake, req)) == 3
+    gcp.terminate([i.id for i in gang], req)
+    assert live(gcp_fake, req) == []
+
+
 def test_spot_preemption_is_reported_once_by_poll_errors(gcp: GcpProvider, gcp_fake) -> None:
     req = new_request()
     offer = next(o for o in gcp.offers() if o.instance_type.name == "e2-small" and o.capacity is Capacity.SPOT)
@@ -331,9 +349,16 @@ def test_rate_limits_back_off_then_succeed(gcp: GcpProvider, gce_faults: FaultPr
     gcp.terminate([i.id for i in out.instances], req)
 
 
-def test_forbidden_stops_at_once(gcp: GcpProvider, gce_faults: FaultProxy, gcp_fake) -> None:
-    gce_faults.add(request("POST", "/instances"), gce_error("forbidden", "Required 'compute.instances.create'"),
-                   times=-1)
+AUTH_CASES = [
+    ("a missing permission (403 forbidden) stops at once",
+     gce_error("forbidden", "Required 'compute.instances.create'")),
+    ("a rejected token (401) stops at once", gce_error("required", "Login Required.", status=401)),
+]
+
+
+@pytest.mark.parametrize("reply", [c[1] for c in AUTH_CASES], ids=[c[0] for c in AUTH_CASES])
+def test_auth_errors_stop_at_once(gcp: GcpProvider, gce_faults: FaultProxy, gcp_fake, reply) -> None:
+    gce_faults.add(request("POST", "/instances"), reply, times=-1)
     out, req, _ = _provision(gcp, [CENTRAL, EUROPE])
     assert [a.outcome for a in out.attempts] == ["auth"] and isinstance(out.error, AuthError)
     assert live(gcp_fake, req) == []

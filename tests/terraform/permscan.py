@@ -60,6 +60,9 @@ IMPLIED: dict[str, dict[str, str]] = {
         "compute.instances.setTags": "network tags passed at creation",
         "compute.zoneOperations.get": "libcloud polls the zone operation until the instance exists",
     },
+    "compute.machineTypes.list": {
+        "compute.zones.list": "Libcloud's GCENodeDriver lists every zone when the adapter builds it (zone_dict)",
+    },
     "compute.instances.delete": {
         "compute.zoneOperations.get": "libcloud polls the zone operation until the instance is gone",
     },
@@ -456,6 +459,32 @@ def _scan_libcloud_gce(tree: ast.Module, rel: str, scan: Scan) -> None:
         if call.name in methods and not call.name.startswith("_"):
             for perm in _gce_method_permissions(call.name, call.node):
                 scan.add("gcp", perm, f"{call.where} -> libcloud GCENodeDriver.{call.name}")
+    # REST calls the adapter sends itself through the driver's connection (e.g. a label-filtered
+    # ``GET /aggregated/instances``): direct ones, and those through a helper that forwards its path parameter.
+    for path, http in _gce_requests([tree], {}):
+        perm = gce_permission(path, http)
+        if perm:
+            scan.add("gcp", perm, f"{rel} -> GCE REST {http} {path}")
+    forwarders: dict[str, str] = {}
+    for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+        params = [a.arg for a in fn.args.args]
+        for node in ast.walk(fn):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "request" and node.args and isinstance(node.args[0], ast.Name)
+                    and node.args[0].id in params
+                    and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "connection"):
+                method = "GET"
+                for kw in node.keywords:
+                    if kw.arg == "method" and isinstance(kw.value, ast.Constant):
+                        method = str(kw.value.value)
+                forwarders[fn.name] = method
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in forwarders and node.args):
+            tpl = _template(node.args[0])
+            perm = gce_permission(tpl, forwarders[node.func.attr]) if tpl else None
+            if perm:
+                scan.add("gcp", perm, f"{rel}:{node.lineno} -> GCE REST {forwarders[node.func.attr]} {tpl}")
 
 
 # --- azure-mgmt-compute -> Azure RBAC actions ----------------------------------------------------------

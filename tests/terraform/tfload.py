@@ -54,9 +54,13 @@ def unquote(value: Any) -> Any:
 
 
 def config_keys() -> dict[str, str]:
-    """BROKER_* keys of docs/CONFIG.md's table -> their documented default (text of the second column)."""
+    """BROKER_* keys of docs/CONFIG.md's first table (the server's keys, which a deployment sets) -> their
+    documented default (text of the second column). Later sections (provider adapter and development keys)
+    are set through the modules' ``extra_environment`` and are not part of this contract."""
     keys: dict[str, str] = {}
     for line in (REPO / "docs" / "CONFIG.md").read_text().splitlines():
+        if line.startswith("## "):
+            break
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) < 3:
             continue

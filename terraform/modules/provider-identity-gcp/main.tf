@@ -9,9 +9,11 @@
 locals {
   read_permissions = [
     "compute.acceleratorTypes.get",
+    "compute.acceleratorTypes.list",
     "compute.diskTypes.get",
     "compute.diskTypes.list",
     "compute.disks.list",
+    "compute.images.getFromFamily",
     "compute.instances.list",
     "compute.machineTypes.get",
     "compute.machineTypes.list",
