@@ -16,12 +16,12 @@ JSON columns stay the complete truth.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime
+from sqlalchemy import JSON, Column, DateTime, insert
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from broker.model import PlacementOption, PlacementResult, Request
@@ -30,6 +30,7 @@ __all__ = [
     "DecisionRecord",
     "KINDS",
     "record_decision",
+    "record_decisions",
     "record_outcome",
     "query_decisions",
     "request_to_dict",
@@ -130,8 +131,7 @@ def _finish_hours(option: PlacementOption, request: Request) -> float:
     return option.transfer_hours + request.duration_hours
 
 
-def record_decision(
-    session: Session,
+def _decision_row(
     *,
     job_id: str | None,
     namespace: str | None,
@@ -140,16 +140,9 @@ def record_decision(
     policy: str,
     catalog_version: str,
     now: datetime,
-    kind: str = "placement",
-) -> int:
-    """Add the decision record of ``result`` to ``session`` and return its id.
-
-    The caller owns the transaction: the row is flushed (so the id exists) but not committed,
-    so it commits or rolls back together with the PLACED transition. ``catalog_version`` is
-    the version whose prices ``result`` used (``result.catalog_version`` when empty).
-    ``now`` must be timezone-aware (naive is taken as UTC). ``kind`` is ``placement`` or ``preview``.
-    Raises ``ValueError`` for an unknown kind.
-    """
+    kind: str,
+) -> dict[str, Any]:
+    """The column values of one decision record (shared by the single and the bulk writer)."""
     if kind not in KINDS:
         raise ValueError(f"decision kind {kind!r} is not one of {', '.join(KINDS)}. To fix: pass kind='placement'")
     created = as_utc(now)
@@ -167,7 +160,7 @@ def record_decision(
         "nodes": request.nodes,
         "same_zone": request.same_zone,
     }
-    record = DecisionRecord(
+    return dict(
         job_id=job_id,
         namespace=namespace,
         kind=kind,
@@ -193,10 +186,46 @@ def record_decision(
             None if chosen is None else created + timedelta(hours=_finish_hours(chosen, request))
         ),
     )
+
+
+def record_decision(
+    session: Session,
+    *,
+    job_id: str | None,
+    namespace: str | None,
+    request: Request,
+    result: PlacementResult,
+    policy: str,
+    catalog_version: str,
+    now: datetime,
+    kind: str = "placement",
+) -> int:
+    """Add the decision record of ``result`` to ``session`` and return its id.
+
+    The caller owns the transaction: the row is flushed (so the id exists) but not committed,
+    so it commits or rolls back together with the PLACED transition. ``catalog_version`` is
+    the version whose prices ``result`` used (``result.catalog_version`` when empty).
+    ``now`` must be timezone-aware (naive is taken as UTC). ``kind`` is ``placement`` or ``preview``.
+    Raises ``ValueError`` for an unknown kind.
+    """
+    record = DecisionRecord(**_decision_row(
+        job_id=job_id, namespace=namespace, request=request, result=result, policy=policy,
+        catalog_version=catalog_version, now=now, kind=kind,
+    ))
     session.add(record)
     session.flush()
     assert record.id is not None
     return record.id
+
+
+def record_decisions(session: Session, decisions: Sequence[Mapping[str, Any]]) -> int:
+    """Add many decision records in one statement (the scheduler's path: one executemany per cycle
+    instead of one ORM flush per job). Each item takes the keyword arguments of :func:`record_decision`.
+    Like it, this never commits. Returns how many rows were added."""
+    rows = [_decision_row(**dict(d)) for d in decisions]
+    if rows:
+        session.execute(insert(DecisionRecord), rows)
+    return len(rows)
 
 
 def record_outcome(

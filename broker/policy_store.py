@@ -400,16 +400,16 @@ class PolicyAdmission:
         self.estimate = estimate
         self.checks = tuple(checks)
         self.on_alert = on_alert
-        self._key: int | None = None
+        self._for: Any = None  # the scheduler snapshot the policy snapshot was loaded for (kept alive)
         self._snap: PolicySnapshot | None = None
 
     def _policy_snapshot(self, snapshot: Any) -> PolicySnapshot:
-        if self._snap is None or self._key != id(snapshot):
+        if self._snap is None or self._for is not snapshot:
             free = {h: Resources(f.get("vcpus", 0.0), f.get("memory_gib", 0.0), f.get("gpus", 0.0))
                     for h, f in (getattr(snapshot, "onprem_free", None) or {}).items()}
             with self.store.read() as session:
                 self._snap = load_snapshot(session, now=snapshot.now, pool_free=free)
-            self._key = id(snapshot)
+            self._for = snapshot
         return self._snap
 
     def workload(self, job: Any, snap: PolicySnapshot) -> Workload:

@@ -135,3 +135,23 @@ def test_migration_0003_creates_the_table_the_model_declares(tmp_path: Path, rep
             mig.downgrade()
         assert not inspect(engine).has_table("decision_records")
         engine.dispose()
+
+
+def test_the_bulk_writer_stores_what_the_single_writer_stores(store_engine: Engine) -> None:
+    from broker.decisions import record_decisions
+
+    chosen = make_option("azure", "westeurope", hourly=2.0, hours=3.0, egress=1.5, capacity="spot")
+    runner = make_option("aws", "us-east-1", hourly=1.0, hours=3.0, egress=9.0)
+    req = make_request("train", hours=3.0, data=(("aws:eu-west-1", 100.0),), deadline=T0 + timedelta(hours=9))
+    args = dict(namespace="team-a", request=req, result=make_result(chosen, runner), policy="cost",
+                catalog_version="cat-v1", now=T0, kind="placement")
+    with Session(store_engine) as s:
+        record_decision(s, job_id="single", **args)  # type: ignore[arg-type]
+        assert record_decisions(s, [dict(args, job_id="bulk-1"), dict(args, job_id="bulk-2")]) == 2
+        s.commit()
+    with Session(store_engine) as s:
+        rows = {r.job_id: r for r in s.exec(select(DecisionRecord)).all()}
+    assert set(rows) == {"single", "bulk-1", "bulk-2"}
+    columns = [c for c in DecisionRecord.model_fields if c not in ("id", "job_id")]
+    for name in ("bulk-1", "bulk-2"):
+        assert {c: getattr(rows[name], c) for c in columns} == {c: getattr(rows["single"], c) for c in columns}
