@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                f"10,000 jobs placed by the heuristic in {heur_10k:.2f} s" if heur_10k is not None else
                f"summary: heuristic within {100 * worst:.3f} % of HiGHS's optimum where HiGHS proved optimality")
     if args.markdown:
-        cmd = "python bench/batch_placement.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        cmd = ".venv/bin/python bench/batch_placement.py " + " ".join(argv if argv is not None else sys.argv[1:])
         text = [
             "# Benchmarks: scheduling policies (batch placement under capacity)", "",
             f"Command: `{cmd.strip()}`  ", f"Machine: {platform.machine()}, {os.cpu_count()} cores "

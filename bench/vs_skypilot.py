@@ -120,7 +120,7 @@ def our_request(t: dict[str, Any]) -> Any:
         parts = t["infra"].split("/")
         providers = (parts[0],)
         regions = tuple(parts[1:2])
-    data = ()
+    data: tuple[DataInput, ...] = ()
     if t.get("input"):
         uri, loc, gb = t["input"]
         data = (DataInput(uri, loc, gb * 1e9 / 2**30),)

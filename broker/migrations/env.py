@@ -9,14 +9,9 @@ import sqlalchemy as sa
 from alembic import context
 from sqlmodel import SQLModel
 
-import broker.store  # noqa: F401  (registers the core tables)
-
-# Tables of other areas register themselves when their modules exist.
-for _module in ("broker.devices", "broker.decisions", "broker.policy_store"):
-    try:
-        importlib.import_module(_module)
-    except ImportError:
-        pass
+# Every module that declares tables, so that the metadata matches the migrations.
+for _module in ("broker.store", "broker.devices", "broker.decisions", "broker.policy_store"):
+    importlib.import_module(_module)
 
 target_metadata = SQLModel.metadata
 config = context.config

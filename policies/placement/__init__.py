@@ -5,8 +5,9 @@
 Filters (applied in this order; each rejected offer counts under its first failing reason): allowlist
 (``ProviderNotAllowed``, ``RegionNotAllowed``), spot (``SpotPolicy``), arch (``ArchMismatch``),
 accelerator (``AcceleratorMismatch``), fit (``InsufficientVCPUs``, ``InsufficientMemory``,
-``InsufficientGPUs``), outlier (``Outlier``), price_cap (``OverPriceCap``), then deadline (``DeadlineMiss``)
-after costing. Scores: ``cost`` and ``time``. See docs/PLACEMENT.md.
+``InsufficientGPUs``), topology (``InterconnectMismatch``), outlier (``Outlier``), price_cap
+(``OverPriceCap``), then deadline (``DeadlineMiss``) after costing. Scores: ``cost`` and ``time``.
+See docs/PLACEMENT.md.
 """
 
 from policies.placement.accelerator import AcceleratorMismatch
@@ -20,6 +21,7 @@ from policies.placement.fit import InsufficientGPUs, InsufficientMemory, Insuffi
 from policies.placement.outlier import Outlier
 from policies.placement.price_cap import OverPriceCap
 from policies.placement.spot import SpotPolicyReason
+from policies.placement.topology import InterconnectMismatch
 
 SpotPolicy = SpotPolicyReason  # the reason constant's public name ("SpotPolicy")
 
@@ -35,6 +37,7 @@ __all__ = [
     "InsufficientGPUs",
     "InsufficientMemory",
     "InsufficientVCPUs",
+    "InterconnectMismatch",
     "Outlier",
     "OverPriceCap",
     "ProviderNotAllowed",

@@ -36,6 +36,7 @@ from policies.placement import (
     outlier,
     price_cap,
     spot,
+    topology,
 )
 from policies.placement.base import Context, Costs, FilterFn, Verdict, isin_codes
 from policies.placement.explain import explain
@@ -52,12 +53,14 @@ FILTERS: dict[str, FilterFn] = {
     arch.NAME: arch.checks,
     accelerator.NAME: accelerator.checks,
     fit.NAME: fit.checks,
+    topology.NAME: topology.checks,
     outlier.NAME: outlier.checks,
     price_cap.NAME: price_cap.checks,
 }
 SCORES = {cost.NAME: cost.keys, finish_time.NAME: finish_time.keys}
 REASONS: tuple[str, ...] = (
-    *allowlist.REASONS, *spot.REASONS, *arch.REASONS, *accelerator.REASONS, *fit.REASONS, *outlier.REASONS,
+    *allowlist.REASONS, *spot.REASONS, *arch.REASONS, *accelerator.REASONS, *fit.REASONS, *topology.REASONS,
+    *outlier.REASONS,
     *price_cap.REASONS, *deadline.REASONS,
 )
 _CANDIDATES = 256  # rows ranked per round; widened until enough diverse alternatives are found
@@ -128,7 +131,7 @@ def _location_firsts(cat: Catalog, alive: np.ndarray, want: int, a_loc: np.ndarr
     n = len(alive)
     first = np.full(len(cat.locations), -1, dtype=np.int64)
     uniform = len(a_loc) == 0 or bool(np.ptp(a_loc) == 0.0 and np.ptp(b_loc) == 0.0)
-    pos, step = 0, _SCAN_STEP
+    pos, step = int(alive.argmax()), _SCAN_STEP  # argmax of a bool array stops at the first feasible row
     while pos < n:
         stop = n if exhaustive else min(n, pos + step)
         hits = np.flatnonzero(alive[pos:stop]) + pos
@@ -157,28 +160,30 @@ def _location_firsts(cat: Catalog, alive: np.ndarray, want: int, a_loc: np.ndarr
     return np.sort(first[found])
 
 
-def _option(cat: Catalog, c: Costs, j: int) -> PlacementOption:
-    i = int(c.idx[j])
-    loc = cat.locations[int(cat.loc_code[i])]
-    acc = cat.accelerators[int(cat.acc_code[i])] or None
-    return PlacementOption(
-        provider=loc.provider,
-        region=loc.region,
-        zone=cat.zones[int(cat.zone_code[i])] or None,
-        instance_type=cat.type_names[int(cat.type_code[i])],
-        capacity=CAPACITIES[int(cat.cap_code[i])].value,
-        vcpus=float(cat.vcpus[i]),
-        memory_gib=float(cat.memory_gib[i]),
-        gpus=int(cat.gpus[i]),
-        accelerator=acc,
-        hourly_usd=float(c.hourly_usd[j]),
-        compute_usd=float(c.compute_usd[j]),
-        egress_usd=float(c.egress_usd[j]),
-        transfer_hours=float(c.transfer_hours[j]),
-        total_usd=float(c.total_usd[j]),
-        site=loc.site.value,
-        finish_hours=float(c.finish_hours[j]),
-    )
+def _options(cat: Catalog, c: Costs, js: list[int]) -> list[PlacementOption]:
+    """The options of rows ``js`` of ``c`` (one gather per column, then plain Python values)."""
+    ja = np.asarray(js, dtype=np.int64)
+    rows = c.idx[ja]
+    locs = cat.loc_code[rows].tolist()
+    zones = cat.zone_code[rows].tolist()
+    types = cat.type_code[rows].tolist()
+    caps = cat.cap_code[rows].tolist()
+    accs = cat.acc_code[rows].tolist()
+    cols = [cat.vcpus[rows].tolist(), cat.memory_gib[rows].tolist(), cat.gpus[rows].tolist(),
+            c.hourly_usd[ja].tolist(), c.compute_usd[ja].tolist(), c.egress_usd[ja].tolist(),
+            c.transfer_hours[ja].tolist(), c.total_usd[ja].tolist(), c.finish_hours[ja].tolist()]
+    out = []
+    for n in range(len(js)):
+        loc = cat.locations[locs[n]]
+        vcpus, mem, gpus, hourly, compute, egress_usd, transfer, total, finish = (col[n] for col in cols)
+        out.append(PlacementOption(
+            provider=loc.provider, region=loc.region, zone=cat.zones[zones[n]] or None,
+            instance_type=cat.type_names[types[n]], capacity=CAPACITIES[caps[n]].value, vcpus=vcpus,
+            memory_gib=mem, gpus=gpus, accelerator=cat.accelerators[accs[n]] or None, hourly_usd=hourly,
+            compute_usd=compute, egress_usd=egress_usd, transfer_hours=transfer, total_usd=total,
+            site=loc.site.value, finish_hours=finish,
+        ))
+    return out
 
 
 def place(
@@ -210,15 +215,20 @@ def place(
     extra_feasible = [0]  # feasible rows not costed (_location_firsts proved they cannot win)
     for cat in parts:
         considered += len(cat)
-        alive = np.ones(len(cat), dtype=bool)
+        alive: np.ndarray | None = None
         n_alive = len(cat)
         for fn in FILTERS.values():
             for reason, ok in fn(request, cat, ctx):
-                np.logical_and(alive, ok, out=alive)
+                if alive is None:
+                    alive = np.array(ok, dtype=bool)  # a copy: plugins may return cached arrays
+                else:
+                    np.logical_and(alive, ok, out=alive)
                 left = int(np.count_nonzero(alive))
                 if left < n_alive:
                     rejected[reason] = rejected.get(reason, 0) + n_alive - left
                 n_alive = left
+        if alive is None:
+            alive = np.ones(len(cat), dtype=bool)
         loc_usd, loc_hours = _loc_costs(request, cat, egress)
         late_loc = deadline.late_locations(request, loc_hours, ctx)
         if n_alive and late_loc.any():
@@ -263,50 +273,68 @@ def _with_explanation(res: PlacementResult) -> PlacementResult:
 
 def _rank(request: Request, pools: list[tuple[Catalog, Costs]], objective: object, want: int) -> list[PlacementOption]:
     """``want`` options: the best, then diverse alternatives in rank order (see module docstring)."""
-    return [_option(pools[p][0], pools[p][1], j) for p, j in _pick(request, pools, objective, want)]
+    picks = _pick(request, pools, objective, want)
+    built: dict[tuple[int, int], PlacementOption] = {}
+    for p in dict.fromkeys(p for p, _ in picks):
+        js = [j for q, j in picks if q == p]
+        built.update(zip(((p, j) for j in js), _options(pools[p][0], pools[p][1], js), strict=True))
+    return [built[pj] for pj in picks]
 
 
 def _pick(request: Request, pools: list[tuple[Catalog, Costs]], objective: object, want: int) -> list[tuple[int, int]]:
-    """``(pool, row in pool costs)`` of the ``want`` picks of :func:`_rank`, in rank order."""
+    """``(pool, row in pool costs)`` of the ``want`` picks of :func:`_rank`, in rank order: sorted by the
+    objective's keys (ties by pool, then catalog row), first the first row of each distinct location, then,
+    when fewer locations exist, the first row of each further (location, type, capacity)."""
     k = _CANDIDATES
     total = sum(len(c.idx) for _, c in pools)
     while True:
         keys: list[list[np.ndarray]] = []
-        cols: dict[str, list[np.ndarray]] = {"pool": [], "j": [], "row": [], "reg": [], "ltc": []}
+        pool_l, j_l, row_l, reg_l, ltc_l = [], [], [], [], []
         for p, (cat, c) in enumerate(pools):
             ks = objective(request, c)  # type: ignore[operator]
             n = len(c.idx)
             take = np.arange(n) if n <= k else np.argpartition(ks[0], k)[:k]
             rows = c.idx[take]
             keys.append([kk[take] for kk in ks])
-            cols["pool"].append(np.full(len(take), p))
-            cols["j"].append(take)
-            cols["row"].append(rows)
+            pool_l.append(np.full(len(take), p))
+            j_l.append(take)
+            row_l.append(rows)
             reg = cat.loc_code[rows].astype(np.int64) + p * (1 << 40)
-            cols["reg"].append(reg)
-            cols["ltc"].append((reg * (len(cat.type_names) + 1) + cat.type_code[rows]) * 8 + cat.cap_code[rows])
-        cat_keys = [np.concatenate([kl[i] for kl in keys]) for i in range(len(keys[0]))]
-        cc = {name: np.concatenate(v) for name, v in cols.items()}
-        order = np.lexsort((cc["row"], cc["pool"], *reversed(cat_keys)))
-        reg_sorted = cc["reg"][order]
-        _, first = np.unique(reg_sorted, return_index=True)
-        first.sort()
-        picked = list(first[:want])
+            reg_l.append(reg)
+            ltc_l.append((reg * (len(cat.type_names) + 1) + cat.type_code[rows]) * 8 + cat.cap_code[rows])
+        if len(pools) == 1:
+            cat_keys, pool_a, j_a, row_a, reg_a, ltc_a = keys[0], pool_l[0], j_l[0], row_l[0], reg_l[0], ltc_l[0]
+        else:
+            cat_keys = [np.concatenate([kl[i] for kl in keys]) for i in range(len(keys[0]))]
+            pool_a, j_a, row_a = np.concatenate(pool_l), np.concatenate(j_l), np.concatenate(row_l)
+            reg_a, ltc_a = np.concatenate(reg_l), np.concatenate(ltc_l)
+        order = np.lexsort((row_a, pool_a, *reversed(cat_keys))).tolist()
+        regs = reg_a.tolist()
+        picked: list[int] = []
+        seen: set[int] = set()
+        for r in order:
+            if regs[r] not in seen:
+                seen.add(regs[r])
+                picked.append(r)
+                if len(picked) == want:
+                    break
         if len(picked) < want and k < total:
-            k *= 8  # not enough distinct regions among the candidates yet: widen before filling
+            k *= 8  # not enough distinct locations among the candidates yet: widen before filling
             continue
         if len(picked) < want:
-            _, first_ltc = np.unique(cc["ltc"][order], return_index=True)
-            extra = np.setdiff1d(first_ltc, first[:want])
-            picked = sorted(picked + list(extra[: want - len(picked)]))
-        if len(picked) == want or k >= total:
-            break
-        k *= 8
-    out = []
-    for pos in picked:
-        r = order[int(pos)]
-        out.append((int(cc["pool"][r]), int(cc["j"][r])))
-    return out
+            ltcs = ltc_a.tolist()
+            chosen = set(picked)
+            seen_ltc = {ltcs[r] for r in picked}
+            for r in order:
+                if r not in chosen and ltcs[r] not in seen_ltc:
+                    seen_ltc.add(ltcs[r])
+                    chosen.add(r)
+                    if len(chosen) == want:
+                        break
+            rank = {r: i for i, r in enumerate(order)}
+            picked = sorted(chosen, key=rank.__getitem__)
+        pools_of, js_of = pool_a.tolist(), j_a.tolist()
+        return [(pools_of[r], js_of[r]) for r in picked]
 
 
 def check_offer(

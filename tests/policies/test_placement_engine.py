@@ -16,9 +16,11 @@ from policies.placement import (
     DeadlineMiss,
     InsufficientVCPUs,
     OverPriceCap,
-    SpotPolicy as SpotReason,
     check_offer,
     place,
+)
+from policies.placement import (
+    SpotPolicy as SpotReason,
 )
 from pricing import Catalog, load_egress
 from pricing.egress import GBIT_PER_GIB
@@ -237,7 +239,8 @@ def test_check_offer_gives_the_verdict_of_one_offer() -> None:
     o = make_offer(0.4, vcpus=4, memory_gib=16, capacity=Capacity.SPOT)
     assert check_offer(make_request(vcpus=4, memory_gib=16), o, EGRESS, now=NOW).reason == SpotReason
     assert check_offer(make_request(vcpus=4, memory_gib=16, spot=SpotPolicy.ALLOWED), o, EGRESS, now=NOW).passed
-    assert check_offer(make_request(gpus=1, accelerator="T4", spot=SpotPolicy.ALLOWED), o, EGRESS, now=NOW).reason == AcceleratorMismatch
+    gpu_req = make_request(gpus=1, accelerator="T4", spot=SpotPolicy.ALLOWED)
+    assert check_offer(gpu_req, o, EGRESS, now=NOW).reason == AcceleratorMismatch
     late = make_request(vcpus=1, duration_hours=5, deadline=NOW + timedelta(hours=1), spot=SpotPolicy.ALLOWED)
     assert check_offer(late, o, EGRESS, now=NOW).reason == DeadlineMiss
 
@@ -297,7 +300,7 @@ def test_with_data_the_best_equals_a_brute_force_over_every_feasible_row(
     if req.objective == Objective.COST:
         assert res.placement.total_usd == pytest.approx(float(total[ok].min()), rel=1e-9)
         # the alternatives are the cheapest row of the next-cheapest distinct regions
-        best_per_loc = {}
+        best_per_loc: dict[int, float] = {}
         for i in np.flatnonzero(ok):
             key = int(cat.loc_code[i])
             if key not in best_per_loc or total[i] < best_per_loc[key]:
@@ -313,3 +316,23 @@ def test_with_data_the_best_equals_a_brute_force_over_every_feasible_row(
         assert len(res.alternatives) == 5  # filled with other offers when fewer regions qualify
     else:
         assert res.placement.finish_hours == pytest.approx(float(finish[ok].min()), abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("interconnect", "expected"),
+    [(None, "g.pcie8"), ("nvlink", "p3.16xlarge"), ("nvswitch", "p4d.24xlarge")],
+    ids=["no interconnect asked takes the cheapest", "nvlink accepts nvlink (and nvswitch)",
+         "nvswitch needs an nvswitch fabric"],
+)
+def test_interconnect(interconnect: str | None, expected: str) -> None:
+    cat = make_catalog([
+        make_offer(10.0, name="g.pcie8", vcpus=96, memory_gib=768, gpus=8, accelerator="V100"),
+        make_offer(24.0, name="p3.16xlarge", vcpus=64, memory_gib=488, gpus=8, accelerator="V100"),
+        make_offer(32.0, name="p4d.24xlarge", vcpus=96, memory_gib=1152, gpus=8, accelerator="V100"),
+    ])
+    res = place(make_request(gpus=8, interconnect=interconnect), cat, EGRESS, now=NOW)
+    assert res.placement is not None and res.placement.instance_type == expected
+    if interconnect:
+        assert res.rejected.get("InterconnectMismatch", 0) >= 1
+    unknown = place(make_request(gpus=8, interconnect="infiniband-9000"), cat, EGRESS, now=NOW)
+    assert unknown.placement is None and unknown.rejected == {"InterconnectMismatch": 3}

@@ -151,3 +151,38 @@ def test_cli_apply(served: tuple[Any, httpx.Client], tmp_path: Path, monkeypatch
     with pytest.raises(SystemExit) as done:
         main(["apply", "-f", str(tmp_path / "missing.yaml")])
     assert done.value.code == 2 and "no such file" in capsys.readouterr().err
+
+
+def test_admission_hook_cuts_a_burst_at_the_budget_and_alerts_on_soft_budgets(
+        served: tuple[Any, httpx.Client]) -> None:
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from broker.policy_store import PolicyAdmission
+    from broker.spec import parse_job_spec
+
+    app, client = served
+    hard_ns, _ = tenant(client)
+    soft_ns, _ = tenant(client)
+    docs = [{"kind": "Budget", "metadata": {"namespace": hard_ns}, "spec": {"dailyUSD": 10}},
+            {"kind": "Budget", "metadata": {"namespace": soft_ns}, "spec": {"dailyUSD": 10, "enforcement": "soft"}}]
+    assert client.post("/v1/policies:apply", json=docs, headers=ADMIN_H).status_code == 200
+    alerts: list[tuple[str, str]] = []
+    hook = PolicyAdmission(app.state.hb.store, estimate=lambda job: 4.0, on_alert=lambda j, t: alerts.append((j, t)))
+    now = datetime.now(UTC)
+    snapshot = SimpleNamespace(now=now, onprem_free={})
+
+    def job(ns: str, i: int) -> Any:
+        return SimpleNamespace(id=f"{ns}-{i}", namespace=ns, priority=0, created_at=now,
+                               spec=parse_job_spec(job_doc(f"j{i}")))
+
+    hard = [hook(job(hard_ns, i), snapshot) for i in range(4)]
+    assert hard[:2] == [None, None]
+    assert hard[2] is not None
+    assert hard[2].startswith(f"BudgetExceeded: daily budget of {hard_ns} spent $8.00 of $10.00")
+    soft = [hook(job(soft_ns, i), snapshot) for i in range(4)]
+    assert soft == [None] * 4
+    assert [j for j, _ in alerts] == [f"{soft_ns}-2", f"{soft_ns}-3"]
+    assert all(t.startswith("BudgetAlert: ") for _, t in alerts)
+    fresh = hook(job(hard_ns, 9), SimpleNamespace(now=now, onprem_free={}))
+    assert fresh is None, "a new scheduler snapshot reloads spend from the store (nothing was placed)"

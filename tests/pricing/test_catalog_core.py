@@ -40,7 +40,7 @@ def test_outlier_rule_flags_on_demand_below_half_the_median_and_its_spot_twin() 
     offers.append(make_offer(0.02, provider="azure", region="eastus", name="Standard_F4ams_v6",
                              capacity=Capacity.SPOT))
     cat = make_catalog(offers)
-    flagged = {(cat.offer(i).region, cat.offer(i).capacity.value) for i in np.flatnonzero(cat.outlier)}
+    flagged = {(cat.offer(int(i)).region, cat.offer(int(i)).capacity.value) for i in np.flatnonzero(cat.outlier)}
     assert flagged == {("newzealandnorth", "on-demand"), ("newzealandnorth", "spot")}
     assert len(cat.query()) == len(cat) - 2
     assert len(cat.query(include_outliers=True)) == len(cat)

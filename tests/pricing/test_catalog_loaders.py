@@ -13,7 +13,8 @@ from pricing import Catalog, load_catalog, load_embedded
 from pricing.skypilot import load_skypilot_dir
 from tests.pricing.catalog_builders import SKY_V8, real_catalog, write_csv  # noqa: F401
 
-AWS_H = "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,AvailabilityZone,Arch"
+AWS_H = ("InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,"
+         "AvailabilityZone,Arch")
 GCP_H = "InstanceType,vCPUs,MemoryGiB,AcceleratorName,AcceleratorCount,GpuInfo,Region,AvailabilityZone,Price,SpotPrice"
 AZ_H = "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,Generation"
 
