@@ -125,6 +125,10 @@ class AppState:
         self.first_admin_token: str | None = None
         # Extra offers (edge devices...): callables returning offers, asked at each placement.
         self.extra_offer_sources: list[Callable[[], list[Offer]]] = []
+        # Extra sites for the egress model (edge devices and their measured links), asked after the offers.
+        self.site_sources: list[Callable[[], list[Any]]] = []
+        self._site_egress: tuple[tuple[Any, ...], Any] | None = None
+        self.edge: Any = None  # broker.edge_provider.EdgeService when BROKER_MQTT_URL is set
 
     def _count_jobs(self) -> list[tuple[str, str, int]]:
         jobs = JobRow.__table__  # type: ignore[attr-defined]
@@ -144,16 +148,31 @@ class AppState:
             out.extend(source())
         return out
 
+    def egress_model(self) -> Any:
+        """The egress model with the sites of :attr:`site_sources` (edge devices) merged in; rebuilt only
+        when those sites change, so its route cache survives between placements."""
+        if not self.site_sources or self.egress is None:
+            return self.egress
+        sites = tuple(site for source in self.site_sources for site in source())
+        if not sites:
+            return self.egress
+        cached = self._site_egress
+        if cached is None or cached[0] != sites:
+            cached = (sites, self.egress.with_sites(sites))
+            self._site_egress = cached
+        return cached[1]
+
     def place(
         self, request: PlacementRequest, *, now: datetime, extra_offers: list[Offer] | None = None, top: int = 5
     ) -> PlacementResult:
-        """Placement of ``request`` over the catalog plus :meth:`extra_offers` (the ``broker place`` logic)."""
+        """Placement of ``request`` over the catalog plus :meth:`extra_offers` (the ``broker place`` logic),
+        with data transfer priced by :meth:`egress_model`."""
         if self.catalog is None:
             raise BrokerError("the catalog is not loaded. To fix: check BROKER_CATALOG_DIR and the server log")
         from policies.placement import place  # type: ignore[attr-defined]
 
         extra = self.extra_offers() if extra_offers is None else extra_offers
-        return place(request, self.catalog, self.egress, top=top, now=now, extra_offers=extra)
+        return place(request, self.catalog, self.egress_model(), top=top, now=now, extra_offers=extra)
 
     def get_provider(self, name: str) -> Any:
         """The provider named ``name``; raises a provider error when it is not enabled here."""
@@ -280,11 +299,15 @@ def create_app(
     providers: Mapping[str, Any] | None = None,
     catalog: Any = None,
     egress: Any = None,
+    gateway_options: Mapping[str, Any] | None = None,
 ) -> FastAPI:
     """Build a ready broker app for ``settings``.
 
     ``clock`` defaults to the system clock; ``providers`` (name -> Provider) replaces the defaults of
     :func:`build_providers`; ``catalog``/``egress`` replace the loaded ones (tests pass tiny ones).
+    When ``settings.mqtt_url`` is set the edge is wired in (:func:`broker.edge_provider.install_edge`:
+    provider ``edge``, device offers and sites, the gateway's task sink) and the gateway connects on
+    startup and disconnects on shutdown; ``gateway_options`` go to :class:`broker.gateway.Gateway`.
     Migrates the store to head and creates the admin token at first start (``settings.admin_token`` when
     set, else a random one kept in ``app.state.hb.first_admin_token`` and printed once on stderr).
     """
@@ -314,11 +337,19 @@ def create_app(
     from broker.scheduler import Scheduler
 
     state.scheduler = Scheduler(state)
+    # --- edge: devices as capacity, the gateway as their provider (only with BROKER_MQTT_URL) ---
+    if settings.mqtt_url:
+        from broker.edge_provider import install_edge
+
+        install_edge(state, gateway_options=gateway_options)
+    # --- end edge ---
     stop = threading.Event()
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         thread = None
+        if state.edge is not None:
+            state.edge.start()
         if settings.scheduler_enabled:
             stop.clear()
             thread = threading.Thread(target=state.scheduler.run_forever, args=(stop,), name="hb-scheduler",
@@ -330,6 +361,8 @@ def create_app(
             stop.set()
             if thread is not None:
                 thread.join(timeout=30)
+            if state.edge is not None:
+                state.edge.stop()
             store.dispose()
 
     app = FastAPI(

@@ -13,7 +13,8 @@ and logged at DEBUG:
    Nothing feasible anywhere -> FAILED.
 5. **provision**: :func:`providers.failover.provision` over the chosen option and its alternatives;
    PROVISIONING -> RUNNING, or BACKOFF (retryable, within ``backoffLimit``) / FAILED.
-6. **poll**: running instances' states -> SUCCEEDED / FAILED / BACKOFF (retry) and terminate leftovers.
+6. **poll**: running instances' states -> SUCCEEDED / FAILED / BACKOFF (retry) and terminate leftovers
+   (edge jobs: their device task states from the store, :meth:`broker.edge_provider.EdgeRunner.sweep`).
 7. **requeue**: BACKOFF jobs whose delay has passed -> PENDING.
 
 The store is the truth: a restarted scheduler rebuilds everything from it, and :meth:`Scheduler.reconcile`
@@ -233,6 +234,9 @@ class Scheduler:
         from providers.failover import Blocklist
 
         self.blocklist = Blocklist(self.clock)
+        # Edge devices (broker.edge_provider.EdgeService), set by install_edge when the gateway runs:
+        # per-job device offers in step 4, device task states in step 6.
+        self.edge: Any = None
 
     # ------------------------------------------------------------------------------ loop and leadership
 
@@ -417,7 +421,7 @@ class Scheduler:
         return admitted, holds
 
     # 4 ---------------------------------------------------------------------------------------------
-    def _choose(self, job: QueuedJob, snapshot: Snapshot, cache: dict[Request, PlacementResult]
+    def _choose(self, job: QueuedJob, snapshot: Snapshot, cache: dict[Any, PlacementResult]
                 ) -> tuple[PlacementResult, list[PlacementOption] | None, str]:
         """The placement result and the ordered options to provision (None = hold), plus a note."""
         enabled = set(self.state.providers)
@@ -426,12 +430,18 @@ class Scheduler:
         # Jobs asking the same thing get the same placement within a cycle (placement is pure): the cache
         # key is the request without its name.
         key = dataclasses.replace(request, name="", providers=tuple(sorted(allowed)))
-        result = cache.get(key)
+        # --- edge: this job's devices (namespace, offline vs its wait, not one that just lost it) ---
+        extra, edge_sig, edge_waiting = snapshot.extra_offers, (), ()
+        if self.edge is not None:
+            extra, edge_sig, edge_waiting = self.edge.fleet.offers_for(
+                job.id, job.namespace, request, snapshot.extra_offers, snapshot.now)
+        # --- end edge ---
+        result = cache.get((key, job.namespace, edge_sig))
         t0 = time.perf_counter()
         if result is None:
             result = self.state.place(dataclasses.replace(key, name=request.name), now=snapshot.now,
-                                      extra_offers=snapshot.extra_offers, top=8)
-            cache[key] = result
+                                      extra_offers=extra, top=8)
+            cache[(key, job.namespace, edge_sig)] = result
         elif result.job != request.name:
             result = dataclasses.replace(result, job=request.name)
         self.metrics.placement_latency.observe(time.perf_counter() - t0)
@@ -443,6 +453,8 @@ class Scheduler:
                 seen.add(option_key)
                 ranked.append(opt)
         if not ranked:
+            if edge_waiting:  # edge: its device went silent with the task; wait for it within the job's wait
+                return result, None, f"waiting for edge device {', '.join(edge_waiting)} to come back"
             return result, [], ""
         nodes = max(1, request.nodes)
         hours_left = (
@@ -473,7 +485,7 @@ class Scheduler:
         now: datetime,
         heads: list[QueuedJob],
     ) -> tuple[list[tuple[QueuedJob, list[PlacementOption]]], int]:
-        cache: dict[Request, PlacementResult] = {}
+        cache: dict[Any, PlacementResult] = {}
         decided: list[tuple[QueuedJob, PlacementResult, list[PlacementOption], str]] = []
         fails: list[tuple[str, str]] = list(failed_parse)
         for job in admitted:
@@ -620,14 +632,18 @@ class Scheduler:
 
     # 6 ---------------------------------------------------------------------------------------------
     def _poll(self, now: datetime) -> int:
+        # edge: device task states come from the store (the gateway writes them), not provider.instances()
+        edge_done = self.edge.runner.sweep(now) if self.edge is not None else 0
         with self.store.read() as session:
             running = list(session.execute(
                 sa.select(_jobs.c.id, _jobs.c.provider, _jobs.c.instances_json, _jobs.c.retries,
                           _jobs.c.spec_json, _jobs.c.created_at, _jobs.c.started_at)
                 .where(_jobs.c.state == JobState.RUNNING.value)
             ))
+        if self.edge is not None:
+            running = [r for r in running if r.provider != "edge"]
         if not running:
-            return 0
+            return edge_done
         by_provider: dict[str, dict[str, Instance]] = {}
         for name in {r.provider for r in running if r.provider}:
             try:
@@ -676,7 +692,7 @@ class Scheduler:
                 if t.to_state is JobState.SUCCEEDED or t.to_state is JobState.FAILED:
                     outcomes.append((r.id, max(0.0, (now - started).total_seconds() / 3600.0)))
         if not transitions:
-            return 0
+            return edge_done
         with self.store.tx() as session:
             live = self._lock_rows(session, [t.job_id for t in transitions], JobState.RUNNING)
             transitions = [t for t in transitions if t.job_id in live]
@@ -692,7 +708,7 @@ class Scheduler:
         self._count(transitions)
         for provider, ids, request_id in to_terminate:
             self.state.terminate_instances(provider, ids, request_id)
-        return len(transitions)
+        return len(transitions) + edge_done
 
     # 7 ---------------------------------------------------------------------------------------------
     def _requeue(self, now: datetime) -> int:

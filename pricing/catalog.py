@@ -261,6 +261,7 @@ class Catalog:
         self.sources: list[str] = sources
         self.provenance: tuple[Provenance, ...] = provenance
         self._version: str | None = None
+        self._shards: tuple[Catalog, Catalog] | None = None
         self._acc_upper = {a.upper(): i for i, a in enumerate(accelerators) if a}
         self._loc_index = {loc.key: i for i, loc in enumerate(locations)}
 
@@ -441,9 +442,17 @@ class Catalog:
         return both.subset(np.flatnonzero(keep))._dedup(count=False)._with_outliers()
 
     def subset(self, indices: np.ndarray) -> Catalog:
-        """The catalog of only these rows (tables and provenance kept)."""
+        """The catalog of only these rows (tables and provenance kept: codes stay comparable)."""
         cols = {k: getattr(self, k)[indices] for k in _COLUMNS}
         return Catalog(cols, **self._table_kwargs())
+
+    def capacity_shards(self) -> tuple[Catalog, Catalog]:
+        """``(everything but spot, spot)``: two price-sorted subsets sharing this catalog's tables, built once.
+        Placement scans only the shards a request's spot policy can use."""
+        if self._shards is None:
+            spot = self.cap_code == CAPACITIES.index(Capacity.SPOT)
+            self._shards = (self.subset(np.flatnonzero(~spot)), self.subset(np.flatnonzero(spot)))
+        return self._shards
 
     # ------------------------------------------------------------------ persistence
     def _tables(self) -> dict[str, Any]:

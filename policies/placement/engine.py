@@ -116,7 +116,7 @@ def _costs(request: Request, cat: Catalog, idx: np.ndarray, loc_usd: np.ndarray,
 
 
 def _location_firsts(cat: Catalog, alive: np.ndarray, want: int, a_loc: np.ndarray, b_loc: np.ndarray,
-                     *, exhaustive: bool) -> np.ndarray | None:
+                     *, exhaustive: bool, uniform: bool = False) -> np.ndarray | None:
     """Rows that provably hold the ``want`` best diverse picks: the first feasible row of each location
     found, or ``None`` when fewer than ``want`` locations have feasible rows (then more rows per location
     are needed to fill the alternatives and the caller costs every feasible row).
@@ -130,7 +130,7 @@ def _location_firsts(cat: Catalog, alive: np.ndarray, want: int, a_loc: np.ndarr
     then costed and ranked, and the answer is exact."""
     n = len(alive)
     first = np.full(len(cat.locations), -1, dtype=np.int64)
-    uniform = len(a_loc) == 0 or bool(np.ptp(a_loc) == 0.0 and np.ptp(b_loc) == 0.0)
+    uniform = uniform or len(a_loc) == 0 or bool(np.ptp(a_loc) == 0.0 and np.ptp(b_loc) == 0.0)
     pos, step = int(alive.argmax()), _SCAN_STEP  # argmax of a bool array stops at the first feasible row
     while pos < n:
         stop = n if exhaustive else min(n, pos + step)
@@ -206,7 +206,10 @@ def place(
     """
     now = now or datetime.now(UTC)
     ctx = Context(now=now, wait_hours=wait_hours)
-    parts = [catalog] + ([_extra_catalog(tuple(extra_offers))] if extra_offers else [])
+    # Design choice: the catalog is split once into a non-spot and a spot shard (sharing its tables); the
+    # filter loop stops a shard as soon as no row is left, so the spot plugin empties the shard a request
+    # cannot use after two cheap checks, and rejection counts stay those of one pass over every offer.
+    parts = [*catalog.capacity_shards()] + ([_extra_catalog(tuple(extra_offers))] if extra_offers else [])
     _validate(request, parts, egress)
     objective = SCORES.get(str(request.objective), cost.keys)
     rejected: dict[str, int] = {}
@@ -218,6 +221,8 @@ def place(
         alive: np.ndarray | None = None
         n_alive = len(cat)
         for fn in FILTERS.values():
+            if n_alive == 0:
+                break
             for reason, ok in fn(request, cat, ctx):
                 if alive is None:
                     alive = np.array(ok, dtype=bool)  # a copy: plugins may return cached arrays
@@ -227,6 +232,8 @@ def place(
                 if left < n_alive:
                     rejected[reason] = rejected.get(reason, 0) + n_alive - left
                 n_alive = left
+                if n_alive == 0:
+                    break
         if alive is None:
             alive = np.ones(len(cat), dtype=bool)
         loc_usd, loc_hours = _loc_costs(request, cat, egress)
@@ -242,7 +249,8 @@ def place(
         else:
             a_loc = request.nodes * (request.duration_hours + loc_hours)
             rows = _location_firsts(cat, alive, top + 1, a_loc, loc_usd,
-                                    exhaustive=bool(request.data) and objective is not cost.keys)
+                                    exhaustive=bool(request.data) and objective is not cost.keys,
+                                    uniform=not request.data)
             c = _costs(request, cat, np.flatnonzero(alive) if rows is None else rows, loc_usd, loc_hours,
                        wait_hours)
         extra_feasible[0] += n_alive - len(c.idx)
@@ -290,7 +298,10 @@ def _pick(request: Request, pools: list[tuple[Catalog, Costs]], objective: objec
     while True:
         keys: list[list[np.ndarray]] = []
         pool_l, j_l, row_l, reg_l, ltc_l = [], [], [], [], []
+        # Pools cut from one catalog share its tables, so their location codes compare directly.
+        group_of: dict[int, int] = {}
         for p, (cat, c) in enumerate(pools):
+            g = group_of.setdefault(id(cat.locations), len(group_of))
             ks = objective(request, c)  # type: ignore[operator]
             n = len(c.idx)
             take = np.arange(n) if n <= k else np.argpartition(ks[0], k)[:k]
@@ -299,7 +310,7 @@ def _pick(request: Request, pools: list[tuple[Catalog, Costs]], objective: objec
             pool_l.append(np.full(len(take), p))
             j_l.append(take)
             row_l.append(rows)
-            reg = cat.loc_code[rows].astype(np.int64) + p * (1 << 40)
+            reg = cat.loc_code[rows].astype(np.int64) + g * (1 << 40)
             reg_l.append(reg)
             ltc_l.append((reg * (len(cat.type_names) + 1) + cat.type_code[rows]) * 8 + cat.cap_code[rows])
         if len(pools) == 1:
