@@ -159,7 +159,7 @@ class Service:
             return t
 
     def device_reports(self, task_id: str, state: str, exit_code: int | None = None,
-                       results: list[Any] = (), stdout: str = "") -> None:  # type: ignore[assignment]
+                       results: tuple[Any, ...] = (), stdout: str = "") -> None:
         """What the gateway stores when a device reports a task outcome (the task row and the uplinks)."""
         now = self.now
         with self.store.tx() as s:
@@ -300,7 +300,7 @@ def _running_on_edge(svc: Service, *devs: Dev, **job_kw: Any) -> tuple[str, devi
 def test_a_succeeded_task_completes_its_job_with_exit_code_and_results(svc: Service, via_sink: bool) -> None:
     job_id, task = _running_on_edge(svc, Dev("dev-a"))
     svc.clock.advance(30)
-    svc.device_reports(task.task_id, "succeeded", 0, results=[{"i": 0}, {"i": 1}], stdout="done")
+    svc.device_reports(task.task_id, "succeeded", 0, results=({"i": 0}, {"i": 1}), stdout="done")
     if via_sink:
         svc.edge.runner.task_status(task.job_id, "SUCCEEDED", 0, {"task_id": task.task_id, "device": "dev-a"})
     else:
