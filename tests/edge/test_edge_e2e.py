@@ -51,7 +51,10 @@ def test_enroll_connect_task_run_and_result_are_stored(tmp_path: Path, store: An
         enroll_agent(tmp_path / "dev", edge_api, store, mosquitto, "edge-e2e-1")
         assert (tmp_path / "dev" / "device.key").stat().st_mode & 0o777 == 0o600
         agent.start()
+        # capacity and the measured link come in separate reports: wait for both (under load they can lag)
         wait_until(lambda: device(store, "edge-e2e-1").vcpus > 0, 20, "the device to report its capacity")
+        wait_until(lambda: (device(store, "edge-e2e-1").bandwidth_mbps or 0) > 0, 20,
+                   "the device to report the link bandwidth it measured")
         dev = device(store, "edge-e2e-1")
         assert dev.online and dev.agent_version and dev.arch in ("amd64", "arm64")
         assert dev.bandwidth_mbps is not None and dev.bandwidth_mbps > 0  # measured against /v1/edge/probe
