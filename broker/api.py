@@ -360,7 +360,8 @@ def _submit_sync(hb: Any, ns: str, body: bytes, content_type: str, key: str | No
     docs = [json.dumps(spec.raw, separators=(",", ":"), default=str) for spec in specs]
     try:
         with store.tx() as session:
-            jobs = submit_jobs(session, ns, specs, now=now, spec_docs=docs)
+            priorities = _resolve_priorities(session, specs, burst)
+            jobs = submit_jobs(session, ns, specs, now=now, spec_docs=docs, priorities=priorities)
             response: Any = {"jobs": jobs} if burst else jobs[0]
             if key is not None:
                 session.connection().execute(
@@ -377,6 +378,23 @@ def _submit_sync(hb: Any, ns: str, body: bytes, content_type: str, key: str | No
         return replay[0], replay[1], True
     hb.metrics.submitted.labels(ns).inc(len(specs))
     return 201, response, False
+
+
+def _resolve_priorities(session: Session, specs: list[Any], burst: bool) -> list[int]:
+    """The priority to store with each spec: its ``priorityClassName``'s value, else its raw ``priority``,
+    else the ``globalDefault`` class's value, else 0 (:func:`broker.policy_store.resolve_priority`, with
+    the classes read once). An unknown class is a :class:`SpecError` on ``spec.priorityClassName`` (422)."""
+    from broker.policy_store import list_priority_classes
+    from policies.priority import resolve
+
+    classes = list_priority_classes(session)
+    out: list[int] = []
+    for i, spec in enumerate(specs):
+        resolved = resolve(spec.priority_class_name, classes, explicit=spec.priority)
+        if isinstance(resolved, str):
+            raise SpecError(f"{f'[{i}].' if burst else ''}spec.priorityClassName", resolved)
+        out.append(resolved.value)
+    return out
 
 
 def _replay(store: Store, ns: str, key: str, digest: str) -> tuple[int, Any] | None:
@@ -532,6 +550,85 @@ def job_logs(
     except OSError:
         data = b""
     return PlainTextResponse(data.decode("utf-8", "replace"))
+
+
+# ------------------------------------------------------------------------------------------ queues
+
+
+class QueueIn(BaseModel):
+    """A queue setting: ``discipline`` (default | fifo | priority | fair-share | edf), a namespace's
+    fair-share ``weight`` (>= 0; 0 = only leftovers), the cluster's ``halfLifeSeconds`` of usage decay.
+    Fields left out keep their value."""
+
+    discipline: str | None = Field(default=None, max_length=16)
+    weight: float | None = Field(default=None, ge=0, le=1e6, allow_inf_nan=False)
+    halfLifeSeconds: float | None = Field(default=None, ge=0, le=1e10, allow_inf_nan=False)  # noqa: N815
+
+
+@router.get("/v1/namespaces/{ns}/queue", tags=["queues"], responses=_ERRORS)
+def get_queue(
+    ns: Annotated[str, Depends(require_namespace)],
+    session: Annotated[Session, Depends(get_session)],
+    hb: Annotated[Any, Depends(get_state)],
+) -> dict[str, Any]:
+    """The queue of ``ns``: discipline, fair-share weight, decayed usage and dominant share."""
+    from broker.queues import queue_status
+
+    return queue_status(session, ns, hb.clock.now())
+
+
+@router.put("/v1/namespaces/{ns}/queue", tags=["queues"], responses=_ERRORS | {403: _ERR})
+def put_queue(
+    body: QueueIn,
+    ns: Annotated[str, Depends(require_namespace)],
+    _admin: Annotated[Principal, Depends(require_admin)],
+    hb: Annotated[Any, Depends(get_state)],
+) -> dict[str, Any]:
+    """Set the discipline and/or fair-share weight of ``ns`` (admin). 422 for an unknown discipline."""
+    from broker.queues import queue_status, set_queue
+
+    now = hb.clock.now()
+    with hb.store.tx() as session:
+        set_queue(session, ns, now=now, discipline=body.discipline, weight=body.weight,
+                  half_life_seconds=body.halfLifeSeconds)
+    with hb.store.read() as session:
+        return queue_status(session, ns, now)
+
+
+def _cluster_queue(session: Session) -> dict[str, Any]:
+    from broker.queues import load_queue_config
+
+    config = load_queue_config(session)
+    return {"discipline": config.default_discipline, "halfLifeSeconds": config.half_life_seconds,
+            "namespaces": {ns: {"discipline": d, "weight": config.weights.get(ns, 1.0)}
+                           for ns, d in sorted(config.disciplines.items())}}
+
+
+@router.get("/v1/queue", tags=["queues"], responses=_ERRORS | {403: _ERR})
+def get_cluster_queue(
+    _admin: Annotated[Principal, Depends(require_admin)],
+    session: Annotated[Session, Depends(get_session)],
+) -> dict[str, Any]:
+    """The cluster discipline (how namespaces are merged), the half-life, and every namespace setting."""
+    return _cluster_queue(session)
+
+
+@router.put("/v1/queue", tags=["queues"], responses=_ERRORS | {403: _ERR})
+def put_cluster_queue(
+    body: QueueIn,
+    _admin: Annotated[Principal, Depends(require_admin)],
+    hb: Annotated[Any, Depends(get_state)],
+) -> dict[str, Any]:
+    """Set the cluster discipline and/or fair-share half-life (admin). ``weight`` is per namespace: 422."""
+    from broker.queues import CLUSTER, set_queue
+
+    if body.weight is not None:
+        raise SpecError("weight", "a weight belongs to a namespace. To fix: PUT /v1/namespaces/{ns}/queue")
+    with hb.store.tx() as session:
+        set_queue(session, CLUSTER, now=hb.clock.now(), discipline=body.discipline,
+                  half_life_seconds=body.halfLifeSeconds)
+    with hb.store.read() as session:
+        return _cluster_queue(session)
 
 
 # ------------------------------------------------------------------------------------------ placement

@@ -337,6 +337,12 @@ def create_app(
     from broker.scheduler import Scheduler
 
     state.scheduler = Scheduler(state)
+    # --- policies: quotas, budgets, priority classes, reservations at admission (broker.policy_store) ---
+    from broker.policy_store import PolicyAdmission
+
+    state.scheduler.admission_checks.append(
+        PolicyAdmission(store, estimate=state.scheduler.estimate_usd, on_alert=state.scheduler.alert)
+    )
     # --- edge: devices as capacity, the gateway as their provider (only with BROKER_MQTT_URL) ---
     if settings.mqtt_url:
         from broker.edge_provider import install_edge

@@ -168,17 +168,27 @@ def note(session: Session, job_id: str, state: JobState, reason: str, *, now: da
 
 
 def submit_jobs(
-    session: Session, namespace: str, specs: Sequence[JobSpec], *, now: datetime, spec_docs: Sequence[str]
+    session: Session,
+    namespace: str,
+    specs: Sequence[JobSpec],
+    *,
+    now: datetime,
+    spec_docs: Sequence[str],
+    priorities: Sequence[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Insert ``specs`` as PENDING jobs of ``namespace`` with one submission event each, in the caller's
     transaction, and return their summaries (``id``, ``name``, ``namespace``, ``state``, ...) in order.
 
-    ``spec_docs`` are the stored JSON documents of the specs (same order). Three bulk statements in all.
+    ``spec_docs`` are the stored JSON documents of the specs (same order). ``priorities`` are the values to
+    store (same order; the API passes :func:`broker.policy_store.resolve_priority` of each spec's
+    ``priorityClassName``), else each spec's raw ``priority`` or 0. Three bulk statements in all.
     """
     rows: list[dict[str, Any]] = []
     labels: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
-    for spec, doc in zip(specs, spec_docs, strict=True):
+    if priorities is not None and len(priorities) != len(specs):
+        raise ValueError(f"{len(priorities)} priorities for {len(specs)} specs. To fix: pass one per spec")
+    for i, (spec, doc) in enumerate(zip(specs, spec_docs, strict=True)):
         job_id = new_job_id()
         nodes = max(1, spec.request.nodes)
         rows.append(
@@ -187,7 +197,7 @@ def submit_jobs(
                 "namespace": namespace,
                 "name": spec.name,
                 "state": JobState.PENDING.value,
-                "priority": int(spec.priority or 0),
+                "priority": int(priorities[i]) if priorities is not None else int(spec.priority or 0),
                 "created_at": now,
                 "updated_at": now,
                 "vcpus": spec.request.vcpus * nodes,

@@ -3,18 +3,26 @@
 One cycle (:meth:`Scheduler.run_cycle`) reads as numbered steps, each timed (``hb_scheduler_cycle_seconds``)
 and logged at DEBUG:
 
-1. **heads**: PENDING jobs whose ``not_before`` has passed, ordered by :func:`queue_key`
-   (``policies.queueing.queue_key`` when it exists: priority, deadline, age, id).
+1. **heads**: PENDING jobs whose ``not_before`` has passed, ordered by the queue disciplines of
+   :mod:`broker.queues` (per namespace: fifo | priority | fair-share | edf | default, merged across
+   namespaces by the cluster discipline; ``default`` is :func:`queue_key`: priority, deadline, age, id).
 2. **snapshot**: on-prem free capacity per host, extra offers (edge devices), active usage per namespace.
-3. **admit**: every check of :attr:`Scheduler.admission_checks` (``(job, snapshot) -> None | reason``);
-   a held job stays PENDING with ``held_reason`` set and one note event per new reason.
+3. **admit**: every check of :attr:`Scheduler.admission_checks` (``(job, snapshot) -> None | reason``;
+   :func:`broker.app.create_app` appends :class:`broker.policy_store.PolicyAdmission`: quotas, budgets,
+   priority classes, reservations); a held job stays PENDING with ``held_reason`` set and one note event
+   per new reason; a reason for which :func:`policies.deadline.is_terminal` holds fails the job at once.
 4. **place**: on-prem first while its host has room (and the deadline allows), else the cheapest cloud
-   option; PENDING -> PLACED -> PROVISIONING with a decision record, in one transaction per batch.
-   Nothing feasible anywhere -> FAILED.
+   option meeting the deadline (its premium over the cheapest option is recorded); an on-prem-only job
+   that finds no room may **preempt** lower-priority on-prem runs (:func:`policies.preemption.find_victims`;
+   SIGTERM with a grace period so they checkpoint; RUNNING -> PENDING ``Preempted by <job>``).
+   PENDING -> PLACED -> PROVISIONING with one bulk insert of decision records, in one transaction per
+   batch. Nothing feasible anywhere -> FAILED.
 5. **provision**: :func:`providers.failover.provision` over the chosen option and its alternatives;
    PROVISIONING -> RUNNING, or BACKOFF (retryable, within ``backoffLimit``) / FAILED.
 6. **poll**: running instances' states -> SUCCEEDED / FAILED / BACKOFF (retry) and terminate leftovers
-   (edge jobs: their device task states from the store, :meth:`broker.edge_provider.EdgeRunner.sweep`).
+   (edge jobs: their device task states from the store, :meth:`broker.edge_provider.EdgeRunner.sweep`);
+   with the terminal transition, in its transaction: the decision record's outcome, the budget ledger's
+   actual-minus-estimate, and the namespace's fair-share usage.
 7. **requeue**: BACKOFF jobs whose delay has passed -> PENDING.
 
 The store is the truth: a restarted scheduler rebuilds everything from it, and :meth:`Scheduler.reconcile`
@@ -28,11 +36,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -52,6 +61,8 @@ from broker.model import (
     RetryPolicy,
 )
 from broker.store import AttemptRow, JobRow, utc
+from policies.queueing import UsageVector
+from policies.workload import Resources, Workload
 
 __all__ = [
     "Scheduler",
@@ -94,6 +105,7 @@ class QueuedJob:
     spec: JobSpec
     retries: int
     held_reason: str | None
+    request_id: str | None = None  # of the previous run (a new run after a preemption gets a new one)
 
     @property
     def request(self) -> Request:
@@ -154,11 +166,12 @@ class CycleReport:
     backoff: int = 0
     finished: int = 0
     requeued: int = 0
+    preempted: int = 0
     step_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def busy(self) -> bool:
-        return bool(self.placed or self.failed or self.finished or self.requeued)
+        return bool(self.placed or self.failed or self.finished or self.requeued or self.preempted)
 
 
 def _default_queue_key(job: QueuedJob) -> tuple[int, float, float, str]:
@@ -199,6 +212,56 @@ def _instance_ids(text: str | None) -> list[str]:
     return [i["id"] if isinstance(i, dict) else str(i) for i in json.loads(text)]
 
 
+WAIT_ONPREM = "waiting for on-prem capacity"
+PREEMPTED_BY = "Preempted by"
+
+
+def _last_checkpoint(spec: JobSpec) -> datetime | None:
+    """When the job last wrote to its ``checkpoint.path`` (newest file mtime, UTC), or ``None``."""
+    if spec.checkpoint is None or not spec.checkpoint.path:
+        return None
+    try:
+        with os.scandir(spec.checkpoint.path) as it:
+            stamps = [e.stat().st_mtime for e in it if e.is_file()]
+    except OSError:
+        return None
+    return datetime.fromtimestamp(max(stamps), UTC) if stamps else None
+
+
+def _next_request_id(job: QueuedJob) -> str:
+    """``<job>-r<retries>`` for a run; a run after a preemption (same retries) gets ``-p<n>`` so the
+    provider's per-request idempotency does not hand back the stopped run."""
+    base = f"{job.id}-r{job.retries}"
+    prev = job.request_id
+    if prev is None or (prev != base and not prev.startswith(base + "-p")):
+        return base
+    if prev == base:
+        return f"{base}-p1"
+    tail = prev[len(base) + 2:]
+    return f"{base}-p{int(tail) + 1 if tail.isdigit() else 1}"
+
+
+def _estimate_usd(placement_json: str | None) -> float:
+    """The ``total_usd`` of a stored placement (what budgets counted for it), 0 without one."""
+    if not placement_json:
+        return 0.0
+    try:
+        return float(json.loads(placement_json).get("total_usd", 0.0))
+    except (ValueError, TypeError, AttributeError):
+        return 0.0
+
+
+def _run_cost(placement_json: str | None, hours: float, nodes: int) -> float:
+    """What a run of ``hours`` on the stored placement cost: ``hourly_usd * nodes * hours + egress_usd``."""
+    if not placement_json:
+        return 0.0
+    try:
+        opt = json.loads(placement_json)
+        return float(opt.get("hourly_usd", 0.0)) * nodes * max(0.0, hours) + float(opt.get("egress_usd", 0.0))
+    except (ValueError, TypeError, AttributeError):
+        return 0.0
+
+
 def _option_json(option: PlacementOption) -> str:
     d = option.to_dict()
     d["site"] = option.site
@@ -237,6 +300,14 @@ class Scheduler:
         # Edge devices (broker.edge_provider.EdgeService), set by install_edge when the gateway runs:
         # per-job device offers in step 4, device task states in step 6.
         self.edge: Any = None
+        # Preemption: seconds a stopped on-prem run gets to checkpoint after SIGTERM (None: the pool's).
+        self.preemption_grace_seconds: float | None = None
+        # Per cycle only (rebuilt from the store each cycle): placements by request, budget alerts.
+        self._placements: dict[Any, PlacementResult] = {}
+        self._alerts: list[tuple[str, str]] = []
+        self._preempted = 0
+        self._cycle_now: datetime = self.clock.now()
+        self._cycle_extra: list[Offer] = []
 
     # ------------------------------------------------------------------------------ loop and leadership
 
@@ -324,6 +395,7 @@ class Scheduler:
         with self._lock:
             report = CycleReport()
             now = self.clock.now()
+            self._placements, self._alerts, self._preempted = {}, [], 0
 
             t0 = time.perf_counter()
             heads, failed_parse = self._heads(now)
@@ -335,14 +407,15 @@ class Scheduler:
             self._timed(report, "2-snapshot", t0)
 
             t0 = time.perf_counter()
-            admitted, holds = self._admit(heads, snapshot)
+            admitted, holds, terminal = self._admit(heads, snapshot)
             report.held = len(holds)
             self._timed(report, "3-admit", t0)
 
             t0 = time.perf_counter()
-            to_provision, failed = self._place(admitted, holds, snapshot, failed_parse, now, heads)
+            to_provision, failed = self._place(admitted, holds, snapshot, failed_parse + terminal, now, heads)
             report.placed = len(to_provision)
             report.failed = failed
+            report.preempted = self._preempted
             self._timed(report, "4-place", t0)
 
             t0 = time.perf_counter()
@@ -365,14 +438,18 @@ class Scheduler:
     def _heads(self, now: datetime) -> tuple[list[QueuedJob], list[tuple[str, str]]]:
         stmt = (
             sa.select(_jobs.c.id, _jobs.c.namespace, _jobs.c.name, _jobs.c.priority, _jobs.c.created_at,
-                      _jobs.c.spec_json, _jobs.c.retries, _jobs.c.held_reason)
+                      _jobs.c.spec_json, _jobs.c.retries, _jobs.c.held_reason, _jobs.c.request_id)
             .where(_jobs.c.state == JobState.PENDING.value,
                    sa.or_(_jobs.c.not_before.is_(None), _jobs.c.not_before <= now))
             .order_by(_jobs.c.priority.desc(), _jobs.c.id)
             .limit(self.batch)
         )
+        from broker import queues
+
         with self.store.read() as session:
             rows = list(session.execute(stmt))
+            config = queues.load_queue_config(session) if rows else queues.QueueConfig()
+            usage = queues.load_usage(session, config.half_life_seconds) if config.uses_fair_share else None
         heads: list[QueuedJob] = []
         bad: list[tuple[str, str]] = []
         for r in rows:
@@ -382,9 +459,8 @@ class Scheduler:
                 bad.append((r.id, f"stored spec no longer valid: {exc}"))
                 continue
             heads.append(QueuedJob(r.id, r.namespace, r.name, r.priority, utc(r.created_at), spec, r.retries,
-                                   r.held_reason))
-        heads.sort(key=queue_key)
-        return heads, bad
+                                   r.held_reason, r.request_id))
+        return queues.order_jobs(heads, config, usage, now), bad
 
     # 2 ---------------------------------------------------------------------------------------------
     def _snapshot(self, now: datetime) -> Snapshot:
@@ -405,46 +481,75 @@ class Scheduler:
         return Snapshot(now=now, onprem_free=free, extra_offers=self.state.extra_offers(), usage=usage)
 
     # 3 ---------------------------------------------------------------------------------------------
-    def _admit(self, heads: list[QueuedJob], snapshot: Snapshot) -> tuple[list[QueuedJob], dict[str, str]]:
+    def estimate_usd(self, job: QueuedJob) -> float:
+        """The priced estimate of ``job`` for budgets: the ``total_usd`` of its cheapest feasible placement
+        on the enabled providers (0 when nothing is feasible). Placements are cached per request for the
+        cycle, so step 4 reuses this one."""
+        try:
+            result = self._result(job, self._cycle_now, self._cycle_extra, ())
+        except Exception:  # noqa: BLE001 - placement errors surface in step 4 with the job's failure
+            return 0.0
+        enabled = set(self.state.providers)
+        totals = [o.total_usd for o in ([result.placement] if result.placement else []) + list(result.alternatives)
+                  if o.provider in enabled]
+        return min(totals) if totals else 0.0
+
+    def alert(self, job_id: str, text: str) -> None:
+        """Admission alert (a soft budget crossed): written as a note event on the job in step 4's
+        transaction, and logged."""
+        log.warning("job %s: %s", job_id, text)
+        self._alerts.append((job_id, text))
+
+    def _admit(
+        self, heads: list[QueuedJob], snapshot: Snapshot
+    ) -> tuple[list[QueuedJob], dict[str, str], list[tuple[str, str]]]:
+        """(admitted in queue order, held job -> reason, [(job, terminal reason)] to fail at once)."""
+        from policies.deadline import is_terminal
+
+        self._cycle_now, self._cycle_extra = snapshot.now, snapshot.extra_offers
         admitted: list[QueuedJob] = []
         holds: dict[str, str] = {}
+        terminal: list[tuple[str, str]] = []
         for job in heads:
             reason = None
             for check in self.admission_checks:
                 reason = check(job, snapshot)
                 if reason:
                     break
-            if reason:
+            if reason and is_terminal(reason):
+                terminal.append((job.id, reason))
+            elif reason:
                 holds[job.id] = reason
             else:
                 admitted.append(job)
-        return admitted, holds
+        return admitted, holds, terminal
 
     # 4 ---------------------------------------------------------------------------------------------
-    def _choose(self, job: QueuedJob, snapshot: Snapshot, cache: dict[Any, PlacementResult]
-                ) -> tuple[PlacementResult, list[PlacementOption] | None, str]:
-        """The placement result and the ordered options to provision (None = hold), plus a note."""
+    def _result(self, job: QueuedJob, now: datetime, extra: list[Offer], edge_sig: Any, *,
+                deadline: bool = True) -> PlacementResult:
+        """Placement of ``job`` over the catalog + ``extra``, cached for the cycle. Jobs asking the same
+        thing get the same placement (placement is pure): the key is the request without its name.
+        ``deadline=False`` places without the deadline (to price what meeting it costs)."""
         enabled = set(self.state.providers)
         request = job.request
         allowed = tuple(p for p in (request.providers or tuple(enabled)) if p in enabled)
-        # Jobs asking the same thing get the same placement within a cycle (placement is pure): the cache
-        # key is the request without its name.
         key = dataclasses.replace(request, name="", providers=tuple(sorted(allowed)))
-        # --- edge: this job's devices (namespace, offline vs its wait, not one that just lost it) ---
-        extra, edge_sig, edge_waiting = snapshot.extra_offers, (), ()
-        if self.edge is not None:
-            extra, edge_sig, edge_waiting = self.edge.fleet.offers_for(
-                job.id, job.namespace, request, snapshot.extra_offers, snapshot.now)
-        # --- end edge ---
-        result = cache.get((key, job.namespace, edge_sig))
+        if not deadline:
+            key = dataclasses.replace(key, deadline=None)
+        cache_key = (key, job.namespace, edge_sig)
+        result = self._placements.get(cache_key)
         t0 = time.perf_counter()
         if result is None:
-            result = self.state.place(dataclasses.replace(key, name=request.name), now=snapshot.now,
+            result = self.state.place(dataclasses.replace(key, name=request.name), now=now,
                                       extra_offers=extra, top=8)
-            cache[(key, job.namespace, edge_sig)] = result
+            self._placements[cache_key] = result
         elif result.job != request.name:
             result = dataclasses.replace(result, job=request.name)
         self.metrics.placement_latency.observe(time.perf_counter() - t0)
+        return result
+
+    def _ranked(self, result: PlacementResult) -> list[PlacementOption]:
+        enabled = set(self.state.providers)
         ranked: list[PlacementOption] = []
         seen: set[tuple[str, str, str, str]] = set()
         for opt in ([result.placement] if result.placement else []) + list(result.alternatives):
@@ -452,9 +557,53 @@ class Scheduler:
             if opt.provider in enabled and option_key not in seen:
                 seen.add(option_key)
                 ranked.append(opt)
+        return ranked
+
+    def _deadline_note(self, job: QueuedJob, chosen: PlacementOption, snapshot: Snapshot, extra: list[Offer],
+                       edge_sig: Any) -> str:
+        """"meets the deadline for $X more than the cheapest: ..." when ``chosen`` meets the deadline and
+        the cheapest option overall (placed without the deadline) would not; else ""."""
+        from policies.deadline import choose_for_deadline
+
+        request = job.request
+        cheapest = min(self._ranked(self._result(job, snapshot.now, extra, edge_sig, deadline=False)),
+                       key=lambda o: o.total_usd, default=None)
+        if cheapest is None or cheapest.total_usd >= chosen.total_usd - 1e-9:
+            return ""
+        decision = choose_for_deadline([chosen, cheapest], deadline=utc(request.deadline) if request.deadline
+                                       else None, now=snapshot.now, duration_hours=request.duration_hours)
+        if decision.option is chosen and decision.premium_usd > 1e-9:
+            return decision.explanation
+        return ""
+
+    def _choose(self, job: QueuedJob, snapshot: Snapshot, cache: dict[Any, PlacementResult] | None = None
+                ) -> tuple[PlacementResult, list[PlacementOption] | None, str]:
+        """The placement result and the ordered options to provision (None = hold), plus a note.
+
+        An empty list fails the job; the note then starts with ``DeadlineInfeasible`` when options exist
+        but none meets the deadline. With a deadline, the returned result's ``explanation`` ends with the
+        premium paid to meet it (see :meth:`_deadline_note`). ``cache`` is unused (kept for callers)."""
+        request = job.request
+        # --- edge: this job's devices (namespace, offline vs its wait, not one that just lost it) ---
+        extra, edge_sig, edge_waiting = snapshot.extra_offers, (), ()
+        if self.edge is not None:
+            extra, edge_sig, edge_waiting = self.edge.fleet.offers_for(
+                job.id, job.namespace, request, snapshot.extra_offers, snapshot.now)
+        # --- end edge ---
+        result = self._result(job, snapshot.now, extra, edge_sig)
+        ranked = self._ranked(result)
         if not ranked:
             if edge_waiting:  # edge: its device went silent with the task; wait for it within the job's wait
                 return result, None, f"waiting for edge device {', '.join(edge_waiting)} to come back"
+            if request.deadline is not None:
+                from policies.deadline import choose_for_deadline
+
+                anyway = self._ranked(self._result(job, snapshot.now, extra, edge_sig, deadline=False))
+                if anyway:
+                    decision = choose_for_deadline(anyway, deadline=utc(request.deadline), now=snapshot.now,
+                                                   duration_hours=request.duration_hours)
+                    if not decision.feasible:
+                        return result, [], decision.explanation
             return result, [], ""
         nodes = max(1, request.nodes)
         hours_left = (
@@ -462,6 +611,8 @@ class Scheduler:
         )
         onprem = [o for o in ranked if o.provider == "onprem"]
         cloud = [o for o in ranked if o.provider != "onprem"]
+        options: list[PlacementOption] | None = None
+        why = WAIT_ONPREM
         for opt in onprem:
             finish = opt.finish_hours or (opt.transfer_hours + request.duration_hours)
             if hours_left is not None and finish > hours_left:
@@ -470,11 +621,99 @@ class Scheduler:
                              request.gpus * nodes):
                 snapshot.reserve(opt.instance_type, request.vcpus * nodes, request.memory_gib * nodes,
                                  request.gpus * nodes)
-                return result, [opt] + cloud, "on-prem has room"
-        if cloud:
+                options, why = [opt] + cloud, "on-prem has room"
+                break
+        if options is None and cloud:
+            options = cloud
             why = "on-prem full: burst to cloud" if onprem else "cheapest cloud placement"
-            return result, cloud, why
-        return result, None, "waiting for on-prem capacity"
+        if options is None:
+            return result, None, why
+        if request.deadline is not None:
+            note = self._deadline_note(job, options[0], snapshot, extra, edge_sig)
+            if note:
+                why = f"{why}; {note}"
+                result = dataclasses.replace(result, explanation=f"{result.explanation} {note}".strip())
+        return result, options, why
+
+    # 4b: preemption ---------------------------------------------------------------------------------
+    def _preempt(self, job: QueuedJob, result: PlacementResult, snapshot: Snapshot, now: datetime,
+                 taken: set[str]) -> list[dict[str, Any]]:
+        """Stop lower-priority on-prem runs so ``job`` (on-prem only, no room) fits, when
+        :func:`policies.preemption.find_victims` finds a plan on a host ``job`` may use. Each victim gets
+        SIGTERM and :attr:`preemption_grace_seconds` to write its checkpoint, then SIGKILL. Frees their
+        capacity in ``snapshot`` and returns one dict per stopped victim (for step 4's transaction);
+        victims already stopped this cycle (``taken``) are not candidates."""
+        pool = self.state.providers.get("onprem")
+        if pool is None or not hasattr(pool, "stop"):
+            return []
+        hosts = {o.instance_type for o in self._ranked(result) if o.provider == "onprem"}
+        free = {h: Resources(f["vcpus"], f["memory_gib"], f["gpus"])
+                for h, f in snapshot.onprem_free.items() if h in hosts}
+        if not free:
+            return []
+        from broker.policy_store import list_priority_classes, workload_from_row
+        from policies.admission import with_resolved_priority
+        from policies.preemption import find_victims
+
+        with self.store.read() as session:
+            rows = list(session.execute(
+                sa.select(_jobs.c.id, _jobs.c.namespace, _jobs.c.name, _jobs.c.priority, _jobs.c.created_at,
+                          _jobs.c.spec_json, _jobs.c.placement_json, _jobs.c.started_at, _jobs.c.instances_json,
+                          _jobs.c.vcpus, _jobs.c.memory_gib, _jobs.c.gpus)
+                .where(_jobs.c.state == JobState.RUNNING.value, _jobs.c.provider == "onprem",
+                       _jobs.c.priority < job.priority)
+            ))
+            if not rows:
+                return []
+            classes = list_priority_classes(session)
+        running: list[Workload] = []
+        by_id: dict[str, Any] = {}
+        for r in rows:
+            if r.id in taken:
+                continue
+            try:
+                w = workload_from_row(r)
+            except SpecError:
+                continue
+            spec = self._spec(r.id, r.spec_json, utc(r.created_at))
+            running.append(w.with_(last_checkpoint_at=_last_checkpoint(spec)))
+            by_id[r.id] = r
+        preemptor = with_resolved_priority(
+            Workload.from_spec(job.id, job.spec, created_at=job.created_at, priority=job.priority)
+            .with_(namespace=job.namespace), classes)
+        plan = find_victims(preemptor, running, free, now=now)
+        if not plan.possible or not plan.targets:
+            return []
+        stopped: list[dict[str, Any]] = []
+        for target in plan.targets:
+            row = by_id[target.workload_id]
+            ids = _instance_ids(row.instances_json)
+            finished_anyway = False
+            for iid in ids:
+                try:
+                    inst = pool.stop(iid, self.preemption_grace_seconds)
+                except Exception as exc:  # noqa: BLE001 - a run we cannot stop is not a victim
+                    log.warning("preemption: stopping %s of %s failed: %s", iid, row.id, exc)
+                    continue
+                finished_anyway |= inst.state is InstanceState.SUCCEEDED
+            if finished_anyway:  # it completed before the signal: step 6 records its success
+                continue
+            self.state.terminate_instances("onprem", ids, f"{row.id}:preempted")
+            host = target.host or plan.host
+            if host is not None and host in snapshot.onprem_free:
+                f = snapshot.onprem_free[host]
+                f["vcpus"] += float(row.vcpus)
+                f["memory_gib"] += float(row.memory_gib)
+                f["gpus"] += float(row.gpus)
+            taken.add(row.id)
+            reason = (
+                f"{PREEMPTED_BY} {job.id} ({job.name}, priority {job.priority} > {target.priority}) on {host}: "
+                f"stopped with SIGTERM and a grace period to write its checkpoint; "
+                f"{target.work_lost_seconds:.0f} s of work since its last checkpoint at risk; requeued"
+            )
+            stopped.append({"row": row, "reason": reason, "target": target, "by": job.id})
+            log.info("job %s preempted by %s on %s", row.id, job.id, host)
+        return stopped
 
     def _place(
         self,
@@ -485,12 +724,20 @@ class Scheduler:
         now: datetime,
         heads: list[QueuedJob],
     ) -> tuple[list[tuple[QueuedJob, list[PlacementOption]]], int]:
-        cache: dict[Any, PlacementResult] = {}
         decided: list[tuple[QueuedJob, PlacementResult, list[PlacementOption], str]] = []
         fails: list[tuple[str, str]] = list(failed_parse)
+        preempted: list[dict[str, Any]] = []
+        taken: set[str] = set()
         for job in admitted:
             try:
-                result, options, why = self._choose(job, snapshot, cache)
+                result, options, why = self._choose(job, snapshot)
+                if options is None and why == WAIT_ONPREM:
+                    stopped = self._preempt(job, result, snapshot, now, taken)
+                    if stopped:
+                        preempted.extend(stopped)
+                        result, options, why = self._choose(job, snapshot)
+                        if options:
+                            why = f"{why} after preempting {', '.join(v['row'].id for v in stopped)}"
             except Exception as exc:  # noqa: BLE001 - one bad job must not stop the queue
                 log.exception("placement of %s failed", job.id)
                 fails.append((job.id, f"placement failed: {exc}"))
@@ -498,6 +745,9 @@ class Scheduler:
             if options is None:
                 holds[job.id] = why
             elif not options:
+                if why:
+                    fails.append((job.id, why))
+                    continue
                 detail = result.explanation or ", ".join(f"{k}: {v}" for k, v in result.rejected.items())
                 fails.append((job.id, f"no feasible placement on the enabled providers ({detail or 'no offers'})"))
             else:
@@ -512,11 +762,14 @@ class Scheduler:
             ids = [j.id for j, *_ in decided] + [i for i, _ in fails] + list(holds)
             live = self._lock_rows(session, ids, JobState.PENDING)
             transitions: list[Transition] = []
+            records: list[dict[str, Any]] = []
+            if preempted:
+                transitions.extend(self._preempted_transitions(session, preempted, now))
             for job, result, options, why in decided:
                 if job.id not in live:
                     continue
                 chosen = options[0]
-                request_id = f"{job.id}-r{job.retries}"
+                request_id = _next_request_id(job)
                 transitions.append(Transition(
                     job.id, JobState.PENDING, JobState.PLACED, reason=why,
                     data={"provider": chosen.provider, "region": chosen.region,
@@ -528,19 +781,20 @@ class Scheduler:
                     job.id, JobState.PLACED, JobState.PROVISIONING, reason="provisioning",
                     fields={"request_id": request_id},
                 ))
-                if decisions is not None:
-                    decisions.record_decision(
-                        session, job_id=job.id, namespace=job.namespace, request=job.request,
-                        result=dataclasses.replace(result, placement=chosen), policy="cost",
-                        catalog_version=self.state.catalog_version, now=now, kind="placement",
-                    )
+                records.append(dict(
+                    job_id=job.id, namespace=job.namespace, request=job.request,
+                    result=dataclasses.replace(result, placement=chosen), policy="cost",
+                    catalog_version=self.state.catalog_version, now=now, kind="placement",
+                ))
                 self.metrics.queue_wait.observe(max(0.0, (now - job.created_at).total_seconds()))
-                placed.append((job, options))
+                placed.append((dataclasses.replace(job, request_id=request_id), options))
             for job_id, reason in fails:
                 if job_id in live:
                     transitions.append(Transition(job_id, JobState.PENDING, JobState.FAILED, reason=reason,
                                                   fields={"message": reason, "finished_at": now}))
             apply_transitions(session, transitions, now=now)
+            if records and decisions is not None:
+                decisions.record_decisions(session, records)
             for job_id, reason in holds.items():
                 held = by_id.get(job_id)
                 if job_id in live and held is not None and held.held_reason != reason:
@@ -548,8 +802,58 @@ class Scheduler:
                         _jobs.update().where(_jobs.c.id == job_id).values(held_reason=reason, updated_at=now)
                     )
                     note(session, job_id, JobState.PENDING, f"held: {reason}", now=now)
+            for job_id, text in self._alerts:
+                note(session, job_id, JobState.PENDING, text, now=now, data={"alert": True})
+        self._alerts = []
         self._count(transitions)
         return placed, len([t for t in transitions if t.to_state is JobState.FAILED])
+
+    def _preempted_transitions(self, session: Any, preempted: list[dict[str, Any]], now: datetime
+                               ) -> list[Transition]:
+        """RUNNING -> PENDING for each stopped victim, with its partial run charged to the budget ledger
+        and to its namespace's fair-share usage (its estimate goes: it is placed and priced anew)."""
+        live = self._lock_rows(session, [v["row"].id for v in preempted], JobState.RUNNING)
+        out: list[Transition] = []
+        ended: list[tuple[Any, float]] = []
+        for v in preempted:
+            row = v["row"]
+            if row.id not in live:
+                continue
+            self._preempted += 1
+            out.append(Transition(
+                row.id, JobState.RUNNING, JobState.PENDING, reason=v["reason"],
+                data={"preempted_by": v["by"], "work_lost_seconds": v["target"].work_lost_seconds},
+                fields={"instances_json": None, "placement_json": None, "not_before": None,
+                        "held_reason": v["reason"], "message": v["reason"]},
+            ))
+            started = utc(row.started_at) if row.started_at else now
+            ended.append((row, max(0.0, (now - started).total_seconds() / 3600.0)))
+        self._charge_runs(session, [(r, h, 0.0) for r, h in ended], now)
+        return out
+
+    def _charge_runs(self, session: Any, runs: list[tuple[Any, float, float]], now: datetime) -> None:
+        """Charge ended runs ``(row, runtime hours, estimate already counted)``: a budget-ledger row of
+        ``actual - estimate`` per run and the namespaces' fair-share usage (one upsert per namespace).
+        ``row`` has ``id``, ``namespace``, ``placement_json``, ``spec_json``, ``created_at``, ``vcpus``,
+        ``memory_gib``, ``gpus``."""
+        if not runs:
+            return
+        from broker import queues
+        from broker.policy_store import record_spend
+
+        usage: dict[str, UsageVector] = {}
+        for row, hours, estimate in runs:
+            try:
+                nodes = max(1, self._spec(row.id, row.spec_json, utc(row.created_at)).request.nodes)
+            except SpecError:
+                nodes = 1
+            actual = _run_cost(row.placement_json, hours, nodes)
+            if abs(actual - estimate) > 1e-12:
+                record_spend(session, row.namespace, actual - estimate, now, job_id=row.id, kind="actual")
+            add = queues.job_usage(float(row.vcpus), float(row.memory_gib), float(row.gpus), hours, actual)
+            usage[row.namespace] = usage.get(row.namespace, UsageVector()) + add
+        config = queues.load_queue_config(session)
+        queues.record_usage(session, usage, now, config.half_life_seconds)
 
     # 5 ---------------------------------------------------------------------------------------------
     def _provision(self, placed: list[tuple[QueuedJob, list[PlacementOption]]]) -> tuple[int, int]:
@@ -559,7 +863,7 @@ class Scheduler:
 
         outcomes = []
         for job, options in placed:
-            request_id = f"{job.id}-r{job.retries}"
+            request_id = job.request_id or f"{job.id}-r{job.retries}"
             outcome = provision(
                 options, self.state.get_provider, request_id=request_id,
                 tags={TAG_JOB: job.id, TAG_NAMESPACE: job.namespace}, job=job.spec, retry=PROVISION_RETRY,
@@ -637,7 +941,8 @@ class Scheduler:
         with self.store.read() as session:
             running = list(session.execute(
                 sa.select(_jobs.c.id, _jobs.c.provider, _jobs.c.instances_json, _jobs.c.retries,
-                          _jobs.c.spec_json, _jobs.c.created_at, _jobs.c.started_at)
+                          _jobs.c.spec_json, _jobs.c.created_at, _jobs.c.started_at, _jobs.c.namespace,
+                          _jobs.c.placement_json, _jobs.c.vcpus, _jobs.c.memory_gib, _jobs.c.gpus)
                 .where(_jobs.c.state == JobState.RUNNING.value)
             ))
         if self.edge is not None:
@@ -657,6 +962,7 @@ class Scheduler:
         transitions: list[Transition] = []
         to_terminate: list[tuple[str, list[str], str]] = []
         outcomes: list[tuple[str, float]] = []
+        charges: dict[str, tuple[Any, float, float]] = {}  # job -> (row, runtime hours, estimate counted)
         for r in running:
             known = by_provider.get(r.provider or "")
             if known is None:
@@ -689,8 +995,12 @@ class Scheduler:
                 live_ids = [i.id for i in insts if i is not None and i.state not in (InstanceState.TERMINATED,)]
                 if live_ids:
                     to_terminate.append((r.provider, live_ids, f"{r.id}:done"))
+                hours = max(0.0, (now - started).total_seconds() / 3600.0)
                 if t.to_state is JobState.SUCCEEDED or t.to_state is JobState.FAILED:
-                    outcomes.append((r.id, max(0.0, (now - started).total_seconds() / 3600.0)))
+                    outcomes.append((r.id, hours))
+                    charges[r.id] = (r, hours, _estimate_usd(r.placement_json))
+                else:  # BACKOFF: placed and priced anew later, so this run is charged in full
+                    charges[r.id] = (r, hours, 0.0)
         if not transitions:
             return edge_done
         with self.store.tx() as session:
@@ -705,6 +1015,7 @@ class Scheduler:
                         record_outcome(session, job_id, hours, now)
             except ImportError:  # pragma: no cover
                 pass
+            self._charge_runs(session, [c for job_id, c in charges.items() if job_id in live], now)
         self._count(transitions)
         for provider, ids, request_id in to_terminate:
             self.state.terminate_instances(provider, ids, request_id)

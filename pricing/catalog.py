@@ -572,9 +572,20 @@ class Catalog:
         if count:
             dup = np.ones(n, dtype=bool)
             dup[first] = False
+            # A duplicate counts against the provenance record of its own (provider, source) when there is
+            # one (a provider may have one record per source, e.g. on-demand and spot), else its provider's.
             per_provider = np.bincount(self.provider_code[dup], minlength=len(self.providers))
+            keyed = {(p.provider, p.source) for p in prov}
+            per_pair: dict[tuple[str, str], int] = {}
+            for pc, sc in zip(self.provider_code[dup].tolist(), self.src_code[dup].tolist(), strict=True):
+                pair = (self.providers[pc], self.sources[sc])
+                if pair in keyed:
+                    per_pair[pair] = per_pair.get(pair, 0) + 1
+                    per_provider[pc] -= 1
             prov = tuple(
-                replace(p, duplicates=p.duplicates + int(per_provider[self.providers.index(p.provider)]))
+                replace(p, duplicates=p.duplicates + per_pair.get((p.provider, p.source), 0)
+                        + (int(per_provider[self.providers.index(p.provider)])
+                           if (p.provider, p.source) == _first_of(prov, p.provider) else 0))
                 if p.provider in self.providers
                 else p
                 for p in prov
@@ -639,6 +650,11 @@ def flag_outliers(cat: Catalog, fraction: float = OUTLIER_FRACTION) -> npt.NDArr
         spot = cat.cap_code == 1
         flags |= spot & np.isin(base, bad)
     return flags
+
+
+def _first_of(prov: Sequence[Provenance], provider: str) -> tuple[str, str] | None:
+    """``(provider, source)`` of the first provenance record of ``provider``, ``None`` when it has none."""
+    return next(((p.provider, p.source) for p in prov if p.provider == provider), None)
 
 
 def _prov_dict(p: Provenance) -> dict[str, Any]:

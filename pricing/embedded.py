@@ -5,15 +5,24 @@ its own ``updated`` field), specs from ``libcloud.compute.constants.ec2_instance
 ``libcloud.compute.drivers.azure`` constants.
 
 * **AWS** (``ec2_linux``): on-demand per type x region, full specs; GPU model by family (``p4d`` -> A100...);
-  Graviton processors are arm64. ``0.0`` = not offered there (skipped, counted as dropped).
+  Graviton processors are arm64. ``0.0`` = not offered there (skipped, counted as dropped). Libcloud's EC2
+  data has no spot prices (only on-demand Linux/RHEL/SUSE/Windows), so the embedded catalog has no AWS spot.
 * **Azure** (``azure_linux``): sizes are bare lowercase names (``standardd2sv3``); vCPUs and memory come from
   the classic size table Libcloud ships (A0-A11, D1-D14) or are parsed from the name for the families whose
   name carries the vCPU count and whose memory per vCPU is fixed (Av2, B, D/Ds v2-v4, E v3/v4, F, Fs v2,
-  L v2). ``lowpriority*`` keys are the spot price of the same size. GPU and irregular families are dropped
+  L v2). ``lowpriority<size>`` keys (low-priority VMs, the predecessor of Azure Spot, billed the same way)
+  are the ``spot`` price of the same size, with the same specs. GPU and irregular families are dropped
   (the SkyPilot Azure catalog covers them).
 * **GCP** (``gce_instances``): per-vCPU and per-GiB rates per family; machine types are composed from
   GCE's published shapes (n1/n2/n2d/e2 standard/highmem/highcpu, c2-standard, m1, f1-micro, g1-small).
-  ``preemptible`` rates give spot prices.
+  ``preemptible`` rates compose the ``spot`` price of the same machine types exactly as ``on_demand``
+  rates compose the on-demand one.
+
+Provenance: one record per (provider, capacity) source, so ``broker catalog info`` shows spot rows apart:
+``<tag>:ec2_linux``, ``<tag>:azure_linux`` (on-demand), ``<tag>:azure_linux:lowpriority`` (spot),
+``<tag>:gce_instances`` (on-demand), ``<tag>:gce_instances:preemptible`` (spot). ``rows`` counts price cells
+read (Azure/AWS: size x region; GCP: rate x region, per family, cpu and ram); ``dropped`` the cells that
+yield no offer (zero price, unknown size, custom/uncomposed GCE families, a cpu rate without its ram rate).
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from broker.errors import CatalogError
 from broker.model import Provenance
 from pricing.catalog import Catalog, CatalogBuilder
 
-__all__ = ["load_embedded", "libcloud_pricing_path", "EC2_ACCELERATORS"]
+__all__ = ["load_embedded", "libcloud_pricing_path", "EC2_ACCELERATORS", "SPOT_SOURCE_SUFFIX"]
 
 # EC2 family -> accelerator model (Libcloud gives the count, not the model).
 EC2_ACCELERATORS = {
@@ -76,6 +85,18 @@ _GCE_FIXED = {  # name -> (family, vCPUs, GiB)
     "m1-ultramem-160": ("m1", 160, 3844.0),
 }
 _GCE_SHARED = {"f1-micro": ("f1", 0.2, 0.6), "g1-small": ("g1", 0.5, 1.7)}  # priced per instance
+# Azure sizes whose memory is not vCPUs x the family's GiB per vCPU (Azure's size tables): name -> GiB.
+_AZ_MEMORY_GIB = {
+    "Standard_E64_v3": 432.0, "Standard_E64s_v3": 432.0, "Standard_E64i_v3": 432.0, "Standard_E64is_v3": 432.0,
+    "Standard_E64_v4": 504.0, "Standard_E64s_v4": 504.0, "Standard_E64d_v4": 504.0, "Standard_E64ds_v4": 504.0,
+    "Standard_E96a_v4": 672.0, "Standard_E96as_v4": 672.0,
+}
+# Suffix of the source (and provenance record) of the spot rows of each Libcloud key; on-demand rows use
+# the bare key. EC2 has none: Libcloud's EC2 data carries no spot prices.
+SPOT_SOURCE_SUFFIX = {"azure_linux": "lowpriority", "gce_instances": "preemptible"}
+
+# One loader's result per source: (source, rows read, rows dropped).
+_Counts = list[tuple[str, int, int]]
 
 
 def libcloud_pricing_path() -> Path:
@@ -112,11 +133,10 @@ def load_embedded(pricing_path: str | Path | None = None) -> Catalog:
         ("azure", "azure_linux", _azure),
         ("gcp", "gce_instances", _gce),
     ):
-        source = f"{tag}:{key}"
-        before = len(b)
-        rows, dropped = fn(b, compute.get(key, {}), source)
-        b.provenance.append(Provenance(source=source, date=date, rows=rows, offers=len(b) - before,
-                                       dropped=dropped, provider=provider))
+        # offers are counted by build() per (provider, source).
+        for source, rows, dropped in fn(b, compute.get(key, {}), f"{tag}:{key}"):
+            b.provenance.append(Provenance(source=source, date=date, rows=rows, dropped=dropped,
+                                           provider=provider))
     return b.build()
 
 
@@ -125,7 +145,8 @@ def _mem_gib(s: str) -> float | None:
     return float(m.group(1).replace(",", "")) if m else None
 
 
-def _ec2(b: CatalogBuilder, prices: dict[str, dict[str, float]], source: str) -> tuple[int, int]:
+def _ec2(b: CatalogBuilder, prices: dict[str, dict[str, float]], source: str) -> _Counts:
+    """On-demand EC2 offers (the only kind Libcloud's ``ec2_linux`` prices)."""
     from libcloud.compute.constants.ec2_instance_types import INSTANCE_TYPES
 
     rows = dropped = 0
@@ -157,7 +178,7 @@ def _ec2(b: CatalogBuilder, prices: dict[str, dict[str, float]], source: str) ->
                 continue
             b.add(provider="aws", region=region, instance_type=name, vcpus=vcpus, memory_gib=mem, gpus=gpus,
                   accelerator=acc, gpu_memory_gib=gmem, arch=arch, hourly_usd=float(price), source=source)
-    return rows, dropped
+    return [(source, rows, dropped)]
 
 
 def _azure_spec(fam: str, n: int, suffix: str, ver: str) -> tuple[float, float] | None:
@@ -195,25 +216,32 @@ def _azure_name(fam: str, n: int, suffix: str, ver: str) -> str:
     return f"{name}_v{ver}" if ver else name
 
 
-def _azure(b: CatalogBuilder, prices: dict[str, dict[str, float]], source: str) -> tuple[int, int]:
-    rows = dropped = 0
+def _azure(b: CatalogBuilder, prices: dict[str, dict[str, float]], source: str) -> _Counts:
+    """On-demand offers from ``standard*``/``basic*`` keys; spot offers (source ``<source>:lowpriority``)
+    from ``lowpriority*`` keys, with the specs of the same size. Keys of unknown size are dropped."""
+    spot_source = f"{source}:{SPOT_SOURCE_SUFFIX['azure_linux']}"
+    counts = {source: [0, 0], spot_source: [0, 0]}  # source -> [rows, dropped]
     for key, by_region in prices.items():
-        rows += len(by_region)
+        spot = key.startswith("lowpriority")
+        src = spot_source if spot else source
+        n = counts[src]
+        n[0] += len(by_region)
         m = _AZ_RE.match(key)
         spec = _azure_spec(m.group(2), int(m.group(3)), m.group(4), m.group(6) or "") if m else None
         if m is None or spec is None or m.group(7):
-            dropped += len(by_region)
+            n[1] += len(by_region)
             continue
-        kind, fam, n, suffix, ver = m.group(1), m.group(2), int(m.group(3)), m.group(4), m.group(6) or ""
-        name = f"Basic_{fam.upper()}{n}" if kind == "basic" else _azure_name(fam, n, suffix, ver)
-        cap = "spot" if kind == "lowpriority" else "on-demand"
+        kind, fam, size, suffix, ver = m.group(1), m.group(2), int(m.group(3)), m.group(4), m.group(6) or ""
+        name = f"Basic_{fam.upper()}{size}" if kind == "basic" else _azure_name(fam, size, suffix, ver)
+        vcpus, mem = spec[0], _AZ_MEMORY_GIB.get(name, spec[1])
+        cap = "spot" if spot else "on-demand"
         for region, price in by_region.items():
             if not price or price <= 0:
-                dropped += 1
+                n[1] += 1
                 continue
-            b.add(provider="azure", region=region, instance_type=name, vcpus=spec[0], memory_gib=spec[1],
-                  hourly_usd=float(price), capacity=cap, source=source)
-    return rows, dropped
+            b.add(provider="azure", region=region, instance_type=name, vcpus=vcpus, memory_gib=mem,
+                  hourly_usd=float(price), capacity=cap, source=src)
+    return [(src, rows, dropped) for src, (rows, dropped) in counts.items()]
 
 
 def _rates(fam: dict[str, Any], part: str, kind: str) -> dict[str, float]:
@@ -225,32 +253,42 @@ def _rates(fam: dict[str, Any], part: str, kind: str) -> dict[str, float]:
     return out
 
 
-def _gce(b: CatalogBuilder, families: dict[str, Any], source: str) -> tuple[int, int]:
-    rows = dropped = 0
+def _gce(b: CatalogBuilder, families: dict[str, Any], source: str) -> _Counts:
+    """Machine types composed from per-family rates: ``vCPUs x cpu rate + GiB x ram rate`` per region where
+    both rates are priced (f1-micro/g1-small: the ``cpu`` rate is the instance price). ``on_demand`` rates
+    give on-demand offers, ``preemptible`` rates spot offers (source ``<source>:preemptible``).
+
+    Rows are the positive-or-zero rate cells (family x cpu/ram x region) of that kind; a cell is dropped
+    when no offer uses it (zero price, a family without published shapes such as ``*_custom``, or a region
+    priced for cpu but not ram)."""
     shapes: list[tuple[str, str, float, float]] = []  # (name, family, vcpus, GiB)
     for fam, defs in _GCE_SHAPES.items():
         for shape, per, counts in defs:
             for n in counts:
                 shapes.append((f"{fam}-{shape}-{n}", fam, float(n), round(per * n, 2)))
     shapes.extend((name, fam, float(v), m) for name, (fam, v, m) in _GCE_FIXED.items())
-    for fam_name in families:
-        rows += sum(len(v.get("on_demand") or {}) for v in families[fam_name].values() if isinstance(v, dict))
-    for cap, kind in (("on-demand", "on_demand"), ("spot", "preemptible")):
+    out: _Counts = []
+    for cap, kind, src in (("on-demand", "on_demand", source),
+                           ("spot", "preemptible", f"{source}:{SPOT_SOURCE_SUFFIX['gce_instances']}")):
+        rows = sum(len(part.get(kind) or {}) for f in families.values() if isinstance(f, dict)
+                   for part in f.values() if isinstance(part, dict))
+        used: set[tuple[str, str, str]] = set()  # (family, part, region) cells that priced an offer
         for name, fam, vcpus, mem in shapes:
             f = families.get(fam)
             if not f:
                 continue
             cpu, ram = _rates(f, "cpu", kind), _rates(f, "ram", kind)
             for region in sorted(set(cpu) & set(ram)):
+                used.update(((fam, "cpu", region), (fam, "ram", region)))
                 b.add(provider="gcp", region=region, instance_type=name, vcpus=vcpus, memory_gib=mem,
-                      hourly_usd=round(vcpus * cpu[region] + mem * ram[region], 6), capacity=cap, source=source)
+                      hourly_usd=round(vcpus * cpu[region] + mem * ram[region], 6), capacity=cap, source=src)
         for name, (fam, vcpus, mem) in _GCE_SHARED.items():
             f = families.get(fam)
             if not f:
                 continue
             for region, price in _rates(f, "cpu", kind).items():
+                used.add((fam, "cpu", region))
                 b.add(provider="gcp", region=region, instance_type=name, vcpus=vcpus, memory_gib=mem,
-                      hourly_usd=price, capacity=cap, source=source)
-    if not families:
-        dropped = 0
-    return rows, dropped
+                      hourly_usd=price, capacity=cap, source=src)
+        out.append((src, rows, rows - len(used)))
+    return out

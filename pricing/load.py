@@ -19,7 +19,7 @@ from pricing.skypilot import load_skypilot_dir, skypilot_files
 
 __all__ = ["load_catalog", "cache_dir", "LOADER_VERSION"]
 
-LOADER_VERSION = "1"  # bump when loaders change what they produce
+LOADER_VERSION = "2"  # bump when loaders change what they produce
 
 
 def cache_dir() -> Path:
