@@ -29,10 +29,10 @@ import httpx
 from azure.core.exceptions import ResourceNotFoundError
 from azure.mgmt.compute import ComputeManagementClient
 
-from broker.errors import AuthError, InvalidRequestError, ProviderError
+from broker.errors import AuthError, ProviderError
 from broker.model import Capacity, Instance, InstanceState, InstanceType, JobSpec, Location, Offer, Provenance
 
-from .base import TAG_REQUEST, Capability, launch_tags, matches_tags
+from .base import TAG_REQUEST, Capability, launch_tags, matches_tags, require_count
 from .errors import map_errors
 
 __all__ = ["AzureProvider", "parse_retail_prices", "DEFAULT_PRICES_URL", "accelerator_of"]
@@ -304,8 +304,7 @@ class AzureProvider:
         tags: Mapping[str, str],
         job: JobSpec | None = None,
     ) -> list[Instance]:
-        if count < 1:
-            raise InvalidRequestError(f"azure: count must be >= 1, got {count}.", provider="azure")
+        require_count("azure", offer, count, request_id)
         all_tags = launch_tags(tags, request_id)
         digest = hashlib.sha256(request_id.encode()).hexdigest()[:10]
         names = [f"hb-{digest}-{n}" for n in range(count)]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from broker.errors import ProviderError
+from broker.errors import InvalidRequestError, ProviderError
 from broker.model import Capacity, Instance, InstanceType, JobSpec, Location, Offer, PlacementOption, SiteKind
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "TAG_DRY_RUN",
     "launch_tags",
     "matches_tags",
+    "require_count",
     "offer_from_option",
 ]
 
@@ -110,6 +111,17 @@ def launch_tags(tags: Mapping[str, str], request_id: str) -> dict[str, str]:
     out.setdefault(TAG_REQUEST, request_id)
     out.setdefault(TAG_JOB, request_id)
     return out
+
+
+def require_count(provider: str, offer: Offer, count: int, request_id: str) -> None:
+    """Refuse a launch of fewer than one instance with an :class:`InvalidRequestError` every adapter shares."""
+    if count < 1:
+        raise InvalidRequestError(
+            f"{provider}: count must be >= 1, got {count}. To fix: ask for at least one instance.",
+            provider=provider,
+            region=offer.region,
+            request_id=request_id,
+        )
 
 
 def matches_tags(have: Mapping[str, str], want: Mapping[str, str] | None) -> bool:

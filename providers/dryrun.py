@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from broker.clock import Clock, SystemClock
-from broker.errors import InvalidRequestError, ProviderError
+from broker.errors import ProviderError
 from broker.model import Instance, InstanceState, JobSpec, Offer
 
-from .base import TAG_DRY_RUN, Capability, launch_tags, matches_tags
+from .base import TAG_DRY_RUN, Capability, launch_tags, matches_tags, require_count
 
 __all__ = ["DryRunProvider", "DEFAULT_DURATION_HOURS"]
 
@@ -62,13 +62,7 @@ class DryRunProvider:
         tags: Mapping[str, str],
         job: JobSpec | None = None,
     ) -> list[Instance]:
-        if count < 1:
-            raise InvalidRequestError(
-                f"{self.name} (dry-run): count must be >= 1, got {count}. To fix: ask for one or more.",
-                provider=self.name,
-                region=offer.region,
-                request_id=request_id,
-            )
+        require_count(f"{self.name} (dry-run)", offer, count, request_id)
         duration_h = job.request.duration_hours if job is not None else DEFAULT_DURATION_HOURS
         with self._lock:
             if request_id in self._by_request:

@@ -12,10 +12,10 @@ import itertools
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from broker.errors import InvalidRequestError, ProviderError
+from broker.errors import ProviderError
 from broker.model import Instance, InstanceState, JobSpec, Offer
 
-from .base import TAG_REQUEST, Capability, launch_tags, matches_tags
+from .base import TAG_REQUEST, Capability, launch_tags, matches_tags, require_count
 
 __all__ = ["FakeProvider", "FailFn"]
 
@@ -73,13 +73,7 @@ class FakeProvider:
         tags: Mapping[str, str],
         job: JobSpec | None = None,
     ) -> list[Instance]:
-        if count < 1:
-            raise InvalidRequestError(
-                f"{self.name}: count must be >= 1, got {count}. To fix: ask for at least one instance.",
-                provider=self.name,
-                region=offer.region,
-                request_id=request_id,
-            )
+        require_count(self.name, offer, count, request_id)
         with self._lock:
             self.launch_calls.append((offer, count, request_id))
             existing = self._by_request.get(request_id)

@@ -48,7 +48,7 @@ from libcloud.compute.drivers.gce import GCEConnection, GCENodeDriver
 from broker.errors import AuthError, CapacityError, InvalidRequestError, ProviderError
 from broker.model import Capacity, Instance, InstanceState, InstanceType, JobSpec, Location, Offer, Provenance
 
-from .base import TAG_REQUEST, Capability, launch_tags, matches_tags
+from .base import TAG_REQUEST, Capability, launch_tags, matches_tags, require_count
 from .errors import map_errors
 
 __all__ = [
@@ -599,8 +599,7 @@ class GcpProvider:
     ) -> list[Instance]:
         """Create ``count`` instances of ``offer`` (idempotent per ``request_id``; see the module docstring
         for zone choice). Raises the typed error of the last zone tried."""
-        if count < 1:
-            raise InvalidRequestError(f"gcp: count must be >= 1, got {count}.", provider="gcp")
+        require_count("gcp", offer, count, request_id)
         all_tags = launch_tags(tags, request_id)
         digest = hashlib.sha256(request_id.encode()).hexdigest()[:10]
         names = [f"hb-{digest}-{n}" for n in range(count)]

@@ -47,7 +47,7 @@ from broker.model import (
     SiteKind,
 )
 
-from .base import TAG_JOB, Capability, launch_tags, matches_tags
+from .base import TAG_JOB, Capability, launch_tags, matches_tags, require_count
 
 __all__ = ["OnPremPool", "HostLike", "InventoryLike", "LocalHost"]
 
@@ -232,8 +232,7 @@ class OnPremPool:
         Each run reserves the job's per-node request (``job.request``; the whole host shape without a job).
         Raises ``CapacityError`` when the host cannot fit all ``count`` runs now, ``InvalidRequestError``
         when a local host gets a job without a command."""
-        if count < 1:
-            raise InvalidRequestError(f"onprem: count must be >= 1, got {count}.", provider=self.name)
+        require_count(self.name, offer, count, request_id)
         with self._lock:
             existing = sorted(i for i, r in self._runs.items() if r["request_id"] == request_id)
             if existing:
