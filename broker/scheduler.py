@@ -228,17 +228,25 @@ def _last_checkpoint(spec: JobSpec) -> datetime | None:
     return datetime.fromtimestamp(max(stamps), UTC) if stamps else None
 
 
+def _is_after_preemption(request_id: str | None, base: str) -> bool:
+    return (request_id is not None and len(request_id) == len(base) + 4 and request_id.startswith(base)
+            and request_id[len(base):].isdigit())
+
+
 def _next_request_id(job: QueuedJob) -> str:
-    """``<job>-r<retries>`` for a run; a run after a preemption (same retries) gets ``-p<n>`` so the
-    provider's per-request idempotency does not hand back the stopped run."""
+    """The provider request id of the job's next run: ``<job>-r<retries>``, or the id a preemption set
+    for it (``<job>-r<retries><n:04d>``: still ``<job>-r<digits>``, which the edge provider parses, and
+    never equal to a plain one since retries stay <= 100), so the provider's per-request idempotency does
+    not hand back the stopped run."""
     base = f"{job.id}-r{job.retries}"
-    prev = job.request_id
-    if prev is None or (prev != base and not prev.startswith(base + "-p")):
-        return base
-    if prev == base:
-        return f"{base}-p1"
-    tail = prev[len(base) + 2:]
-    return f"{base}-p{int(tail) + 1 if tail.isdigit() else 1}"
+    return job.request_id if _is_after_preemption(job.request_id, base) and job.request_id else base
+
+
+def _preempted_request_id(job_id: str, retries: int, previous: str | None) -> str:
+    """The request id of a preempted job's next run (see :func:`_next_request_id`)."""
+    base = f"{job_id}-r{retries}"
+    n = int(previous[len(base):]) + 1 if previous and _is_after_preemption(previous, base) else 1
+    return f"{base}{n:04d}"
 
 
 def _estimate_usd(placement_json: str | None) -> float:
@@ -486,7 +494,13 @@ class Scheduler:
         on the enabled providers (0 when nothing is feasible). Placements are cached per request for the
         cycle, so step 4 reuses this one."""
         try:
-            result = self._result(job, self._cycle_now, self._cycle_extra, ())
+            extra, edge_sig = self._cycle_extra, ()
+            # --- edge: the same device offers as step 4 (namespace, online), so the cache entry is shared ---
+            if self.edge is not None:
+                extra, edge_sig, _ = self.edge.fleet.offers_for(job.id, job.namespace, job.request, extra,
+                                                                self._cycle_now)
+            # --- end edge ---
+            result = self._result(job, self._cycle_now, extra, edge_sig)
         except Exception:  # noqa: BLE001 - placement errors surface in step 4 with the job's failure
             return 0.0
         enabled = set(self.state.providers)
@@ -659,7 +673,7 @@ class Scheduler:
             rows = list(session.execute(
                 sa.select(_jobs.c.id, _jobs.c.namespace, _jobs.c.name, _jobs.c.priority, _jobs.c.created_at,
                           _jobs.c.spec_json, _jobs.c.placement_json, _jobs.c.started_at, _jobs.c.instances_json,
-                          _jobs.c.vcpus, _jobs.c.memory_gib, _jobs.c.gpus)
+                          _jobs.c.vcpus, _jobs.c.memory_gib, _jobs.c.gpus, _jobs.c.request_id, _jobs.c.retries)
                 .where(_jobs.c.state == JobState.RUNNING.value, _jobs.c.provider == "onprem",
                        _jobs.c.priority < job.priority)
             ))
@@ -792,6 +806,9 @@ class Scheduler:
                 if job_id in live:
                     transitions.append(Transition(job_id, JobState.PENDING, JobState.FAILED, reason=reason,
                                                   fields={"message": reason, "finished_at": now}))
+            for job_id, text in self._alerts:  # noted before the job's transitions: it was PENDING then
+                if job_id in live:
+                    note(session, job_id, JobState.PENDING, text, now=now, data={"alert": True})
             apply_transitions(session, transitions, now=now)
             if records and decisions is not None:
                 decisions.record_decisions(session, records)
@@ -802,8 +819,6 @@ class Scheduler:
                         _jobs.update().where(_jobs.c.id == job_id).values(held_reason=reason, updated_at=now)
                     )
                     note(session, job_id, JobState.PENDING, f"held: {reason}", now=now)
-            for job_id, text in self._alerts:
-                note(session, job_id, JobState.PENDING, text, now=now, data={"alert": True})
         self._alerts = []
         self._count(transitions)
         return placed, len([t for t in transitions if t.to_state is JobState.FAILED])
@@ -824,7 +839,8 @@ class Scheduler:
                 row.id, JobState.RUNNING, JobState.PENDING, reason=v["reason"],
                 data={"preempted_by": v["by"], "work_lost_seconds": v["target"].work_lost_seconds},
                 fields={"instances_json": None, "placement_json": None, "not_before": None,
-                        "held_reason": v["reason"], "message": v["reason"]},
+                        "held_reason": v["reason"], "message": v["reason"],
+                        "request_id": _preempted_request_id(row.id, row.retries, row.request_id)},
             ))
             started = utc(row.started_at) if row.started_at else now
             ended.append((row, max(0.0, (now - started).total_seconds() / 3600.0)))

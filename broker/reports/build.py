@@ -26,10 +26,12 @@ from __future__ import annotations
 import gc
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Sequence as SequenceABC
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from operator import itemgetter
+from typing import Any, overload
 
 from broker.reports.model import (
     Baseline,
@@ -44,22 +46,43 @@ from broker.reports.model import (
     Summary,
 )
 
-__all__ = ["build_report", "Rec", "to_rec", "options_of", "BASELINE_LABELS", "option_view", "no_gc"]
+__all__ = [
+    "build_report",
+    "Rec",
+    "to_rec",
+    "options_of",
+    "BASELINE_LABELS",
+    "option_view",
+    "no_gc",
+    "DecisionList",
+    "decision_plain",
+]
 
 
 @contextmanager
 def no_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector while many small objects are built (restored after).
+    """Pause the cyclic garbage collector while many small objects are built (restored after),
+    then move what was built straight to the oldest generation.
 
-    Design choice: a report over 100k records builds millions of dicts and tuples; the collector's
-    generation-2 passes over them took about 40% of the CPU time and free nothing (no cycles)."""
+    Design choice: a report over 100k records builds about 600k containers (records, lists,
+    dicts); the collector's passes over them took about 40% of the CPU time and free nothing (they
+    hold no cycles and are freed by reference counting when the report is dropped). Pausing it is
+    not enough: once re-enabled, the first young-generation pass scans every object made while it
+    was paused, and each later promotion scans them again (about 0.9 s of 3.5 s). So on exit every
+    tracked object is promoted to the oldest generation without a scan (``gc.freeze()`` then
+    ``gc.unfreeze()``, both constant time); the next full collection, which runs as usual, still
+    sees everything, so cyclic garbage made meanwhile anywhere in the process is collected then.
+    """
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        gc.freeze()
+        gc.unfreeze()
         if was:
             gc.enable()
+
 
 BASELINE_LABELS: Mapping[str, str] = {
     "single-region": "everything on the single cheapest cloud region",
@@ -140,23 +163,45 @@ def to_rec(record: Any) -> Rec:
 
 
 def option_view(d: Mapping[str, Any]) -> OptionView:
+    """The :class:`OptionView` of a stored option dict (missing keys read as empty / zero)."""
+    p = _option_plain(d)
     return OptionView(
-        provider=str(d.get("provider", "")),
-        region=str(d.get("region", "")),
-        instance_type=str(d.get("instance_type", "")),
-        capacity=str(d.get("capacity", "")),
-        site=str(d.get("site", "cloud")),
-        hourly_usd=float(d.get("hourly_usd", 0.0)),
-        compute_usd=float(d.get("compute_usd", 0.0)),
-        egress_usd=float(d.get("egress_usd", 0.0)),
-        transfer_hours=float(d.get("transfer_hours", 0.0)),
-        total_usd=float(d.get("total_usd", 0.0)),
-        finish_hours=float(d.get("finish_hours", 0.0)),
+        p["provider"], p["region"], p["instance_type"], p["capacity"], p["site"], p["hourly_usd"],
+        p["compute_usd"], p["egress_usd"], p["transfer_hours"], p["total_usd"], p["finish_hours"],
     )
 
 
+def _option_plain(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored option as the report's JSON writes it: the :class:`OptionView` fields, typed as
+    :func:`option_view` types them, in its field order, plus ``location``."""
+    provider = str(d.get("provider", ""))
+    region = str(d.get("region", ""))
+    return {
+        "provider": provider,
+        "region": region,
+        "instance_type": str(d.get("instance_type", "")),
+        "capacity": str(d.get("capacity", "")),
+        "site": str(d.get("site", "cloud")),
+        "hourly_usd": float(d.get("hourly_usd", 0.0)),
+        "compute_usd": float(d.get("compute_usd", 0.0)),
+        "egress_usd": float(d.get("egress_usd", 0.0)),
+        "transfer_hours": float(d.get("transfer_hours", 0.0)),
+        "total_usd": float(d.get("total_usd", 0.0)),
+        "finish_hours": float(d.get("finish_hours", 0.0)),
+        "location": f"{provider}:{region}",
+    }
+
+
+_KEY_FIELDS = ("provider", "region", "zone", "instance_type", "capacity")
+_key_fast = itemgetter(*_KEY_FIELDS)
+
+
 def _key(d: Mapping[str, Any]) -> tuple[Any, ...]:
-    return (d.get("provider"), d.get("region"), d.get("zone"), d.get("instance_type"), d.get("capacity"))
+    """What makes two stored options the same option (a missing key reads as ``None``)."""
+    try:
+        return _key_fast(d)  # type: ignore[no-any-return]
+    except KeyError:
+        return tuple(d.get(k) for k in _KEY_FIELDS)
 
 
 def options_of(rec: Rec) -> list[dict[str, Any]]:
@@ -199,73 +244,89 @@ def _moved_inputs(rec: Rec) -> list[tuple[str, float]]:
     return out
 
 
-def _baselines(placed: Sequence[Rec], broker_usd: float) -> tuple[Baseline, ...]:
-    n = len(placed)
-    ondemand_cost = 0.0
-    ondemand_exact = 0
-    ignore_cost = 0.0
-    region_base = 0.0  # sum of every job's fallback (dearest stored option)
-    region_delta: dict[str, float] = defaultdict(float)
-    region_hits: dict[str, int] = defaultdict(int)
-    for r in placed:
-        opts = options_of(r)
-        totals = [float(o["total_usd"]) for o in opts]
-        fallback = max(totals)
-        # on-demand
-        nonspot = [float(o["total_usd"]) for o in opts if o.get("capacity") != "spot"]
-        if nonspot:
-            ondemand_cost += min(nonspot)
-            ondemand_exact += 1
-        else:
-            ondemand_cost += fallback
-        # ignore data location: cheapest compute, then its egress
-        best = min(opts, key=lambda o: (float(o["compute_usd"]), float(o["total_usd"])))
-        ignore_cost += float(best["total_usd"])
-        # single region: cheapest stored option per cloud region
-        region_base += fallback
-        per_region: dict[str, float] = {}
+class _BaselineAcc:
+    """Running sums of the three baselines, fed one placed record at a time (see the module doc)."""
+
+    __slots__ = ("n", "ondemand_cost", "ondemand_exact", "ignore_cost", "region_base", "region_delta", "region_hits")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.ondemand_cost = 0.0
+        self.ondemand_exact = 0
+        self.ignore_cost = 0.0
+        self.region_base = 0.0  # sum of every job's fallback (dearest stored option)
+        self.region_delta: dict[str, float] = defaultdict(float)
+        self.region_hits: dict[str, int] = defaultdict(int)
+
+    def add(self, opts: Sequence[Mapping[str, Any]]) -> None:
+        """Add one placed job, given its stored options (the choice first)."""
+        self.n += 1
+        fallback: float | None = None  # the dearest stored option
+        nonspot: float | None = None  # the cheapest stored option that is not spot
+        best_compute = best_total = 0.0  # the option with the lowest (compute, total)
+        per_region: dict[str, float] = {}  # cheapest stored option per cloud region
+        first = True
         for o in opts:
-            if o.get("site", "cloud") != "cloud":
-                continue
-            loc = f"{o['provider']}:{o['region']}"
             t = float(o["total_usd"])
-            if loc not in per_region or t < per_region[loc]:
-                per_region[loc] = t
+            cu = float(o["compute_usd"])
+            if first:
+                fallback, best_compute, best_total, first = t, cu, t, False
+            else:
+                if t > fallback:  # type: ignore[operator]
+                    fallback = t
+                if cu < best_compute or (cu == best_compute and t < best_total):
+                    best_compute, best_total = cu, t
+            if o.get("capacity") != "spot" and (nonspot is None or t < nonspot):
+                nonspot = t
+            if o.get("site", "cloud") == "cloud":
+                loc = f"{o['provider']}:{o['region']}"
+                seen = per_region.get(loc)
+                if seen is None or t < seen:
+                    per_region[loc] = t
+        assert fallback is not None
+        if nonspot is not None:
+            self.ondemand_cost += nonspot
+            self.ondemand_exact += 1
+        else:
+            self.ondemand_cost += fallback
+        self.ignore_cost += best_total
+        self.region_base += fallback
+        delta, hits = self.region_delta, self.region_hits
         for loc, t in per_region.items():
-            region_delta[loc] += t - fallback
-            region_hits[loc] += 1
+            delta[loc] += t - fallback
+            hits[loc] += 1
 
-    def make(key: str, cost: float, exact: int, detail: str = "") -> Baseline:
-        savings = cost - broker_usd
-        pct = 100.0 * savings / cost if cost > 0 else 0.0
-        return Baseline(key, BASELINE_LABELS[key], cost, broker_usd, savings, pct, exact, n, detail)
+    def baselines(self, broker_usd: float) -> tuple[Baseline, ...]:
+        n = self.n
 
-    if region_delta:
-        region = min(region_delta, key=lambda loc: (region_delta[loc], loc))
-        region_cost = region_base + region_delta[region]
-        region_detail = f"{region} (priced exactly for {region_hits[region]} of {n} jobs)"
-        region_exact = region_hits[region]
-    else:
-        region_cost, region_detail, region_exact = broker_usd, "no cloud region among the options", 0
-    return (
-        make("single-region", region_cost, region_exact, region_detail),
-        make("on-demand", ondemand_cost, ondemand_exact),
-        make("ignore-data", ignore_cost, n),
-    )
+        def make(key: str, cost: float, exact: int, detail: str = "") -> Baseline:
+            savings = cost - broker_usd
+            pct = 100.0 * savings / cost if cost > 0 else 0.0
+            return Baseline(key, BASELINE_LABELS[key], cost, broker_usd, savings, pct, exact, n, detail)
+
+        delta = self.region_delta
+        if delta:
+            region = min(delta, key=lambda loc: (delta[loc], loc))
+            region_cost = self.region_base + delta[region]
+            region_detail = f"{region} (priced exactly for {self.region_hits[region]} of {n} jobs)"
+            region_exact = self.region_hits[region]
+        else:
+            region_cost, region_detail, region_exact = broker_usd, "no cloud region among the options", 0
+        return (
+            make("single-region", region_cost, region_exact, region_detail),
+            make("on-demand", self.ondemand_cost, self.ondemand_exact),
+            make("ignore-data", self.ignore_cost, n),
+        )
 
 
-def _spend(placed: Sequence[Rec], key_of: Callable[[Rec], str]) -> tuple[SpendRow, ...]:
-    acc: dict[str, list[float]] = {}
+def _baselines(placed: Sequence[Rec], broker_usd: float) -> tuple[Baseline, ...]:
+    acc = _BaselineAcc()
     for r in placed:
-        assert r.chosen is not None
-        row = acc.setdefault(key_of(r), [0, 0.0, 0.0, 0.0, 0.0, 0])
-        row[0] += 1
-        row[1] += float(r.chosen["total_usd"])
-        row[2] += float(r.chosen["compute_usd"])
-        row[3] += float(r.chosen["egress_usd"])
-        if r.actual_cost_usd is not None:
-            row[4] += r.actual_cost_usd
-            row[5] += 1
+        acc.add(options_of(r))
+    return acc.baselines(broker_usd)
+
+
+def _spend_rows(acc: Mapping[str, list[float]]) -> tuple[SpendRow, ...]:
     rows = [SpendRow(k, int(v[0]), v[1], v[2], v[3], v[4], int(v[5])) for k, v in acc.items()]
     rows.sort(key=lambda s: (-s.estimated_usd, s.key))
     return tuple(rows)
@@ -275,25 +336,28 @@ def _money(x: float) -> str:
     return f"${x:,.2f}"
 
 
-def _describe(o: OptionView) -> str:
-    return f"{o.provider} {o.region} ({o.instance_type}, {o.capacity})"
+def _describe(o: Mapping[str, Any]) -> str:
+    return f"{o['provider']} {o['region']} ({o['instance_type']}, {o['capacity']})"
 
 
-def _why(rec: Rec, chosen: OptionView | None, runner: OptionView | None) -> str:
+def _why(rec: Rec, chosen: Mapping[str, Any] | None, runner: Mapping[str, Any] | None) -> str:
+    """Why the choice won, from the options as :func:`_option_plain` types them."""
     if chosen is None:
         top = sorted(rec.rejected.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
         named = ", ".join(f"{k} x{v}" for k, v in top) or "no offers matched"
         return f"nothing feasible among {rec.considered} offers ({named})"
+    c_total, c_compute, c_egress = chosen["total_usd"], chosen["compute_usd"], chosen["egress_usd"]
     head = (
-        f"{_describe(chosen)}: {_money(chosen.total_usd)} = {_money(chosen.compute_usd)} compute"
-        f" + {_money(chosen.egress_usd)} egress"
+        f"{_describe(chosen)}: {_money(c_total)} = {_money(c_compute)} compute"
+        f" + {_money(c_egress)} egress"
     )
     if runner is None:
         return f"{head}; the only feasible option of {rec.considered} offers considered"
-    margin = runner.total_usd - chosen.total_usd
+    r_total, r_compute, r_egress = runner["total_usd"], runner["compute_usd"], runner["egress_usd"]
+    margin = r_total - c_total
     reasons: list[str] = []
-    egress_saved = runner.egress_usd - chosen.egress_usd
-    compute_saved = runner.compute_usd - chosen.compute_usd
+    egress_saved = r_egress - c_egress
+    compute_saved = r_compute - c_compute
     if egress_saved > _EPS:
         reasons.append(f"{_money(egress_saved)} egress avoided")
     elif egress_saved < -_EPS:
@@ -302,10 +366,10 @@ def _why(rec: Rec, chosen: OptionView | None, runner: OptionView | None) -> str:
         reasons.append(f"{_money(compute_saved)} less compute")
     elif compute_saved < -_EPS:
         reasons.append(f"despite {_money(-compute_saved)} more compute")
-    if chosen.capacity == "spot" and runner.capacity != "spot":
+    if chosen["capacity"] == "spot" and runner["capacity"] != "spot":
         reasons.append("spot capacity")
     if margin < -_EPS:
-        faster = runner.finish_hours - chosen.finish_hours
+        faster = runner["finish_hours"] - chosen["finish_hours"]
         tail = f"finishes {faster:.1f} h sooner" if faster > 0 else "preferred by the objective"
         verdict = f"costs {_money(-margin)} more than the runner-up but {tail}"
     else:
@@ -315,35 +379,52 @@ def _why(rec: Rec, chosen: OptionView | None, runner: OptionView | None) -> str:
     too_slow = sum(v for k, v in rec.rejected.items() if "deadline" in k.lower())
     extra = f"; {too_slow} offers could not meet the deadline" if too_slow else ""
     return (
-        f"{head}; {verdict}; runner-up {_describe(runner)} {_money(runner.total_usd)}"
-        f" = {_money(runner.compute_usd)} compute + {_money(runner.egress_usd)} egress{extra}"
+        f"{head}; {verdict}; runner-up {_describe(runner)} {_money(r_total)}"
+        f" = {_money(r_compute)} compute + {_money(r_egress)} egress{extra}"
+    )
+
+
+def _parts(
+    rec: Rec,
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None, float | None, str, bool | None, float]:
+    """What a job decision derives from its record: (chosen, runner-up) as plain option dicts,
+    the margin, why, whether the deadline was predicted to be met, and the GiB of its inputs."""
+    chosen = runner = None
+    if rec.chosen is not None:
+        chosen = _option_plain(rec.chosen)
+        ck = _key(rec.chosen)
+        for a in rec.alternatives:  # the runner-up: options_of(rec)[1]
+            if _key(a) != ck:
+                runner = _option_plain(a)
+                break
+    margin = None if chosen is None or runner is None else runner["total_usd"] - chosen["total_usd"]
+    deadline, predicted = rec.deadline, rec.predicted_finish_at
+    met_pred = None if deadline is None or predicted is None else predicted <= deadline
+    data_gib = sum(float(d.get("size_gib", 0.0)) for d in rec.request.get("data", ()) or ())
+    return chosen, runner, margin, _why(rec, chosen, runner), met_pred, data_gib
+
+
+def _view(p: dict[str, Any] | None) -> OptionView | None:
+    if p is None:
+        return None
+    return OptionView(
+        p["provider"], p["region"], p["instance_type"], p["capacity"], p["site"], p["hourly_usd"],
+        p["compute_usd"], p["egress_usd"], p["transfer_hours"], p["total_usd"], p["finish_hours"],
     )
 
 
 def _decision(rec: Rec) -> JobDecision:
-    chosen = None if rec.chosen is None else option_view(rec.chosen)
-    runner = None
-    if rec.chosen is not None:
-        opts = options_of(rec)
-        if len(opts) > 1:
-            runner = option_view(opts[1])
-    margin = None if chosen is None or runner is None else runner.total_usd - chosen.total_usd
-    met_pred = (
-        None
-        if rec.deadline is None or rec.predicted_finish_at is None
-        else rec.predicted_finish_at <= rec.deadline
-    )
-    data_gib = sum(float(d.get("size_gib", 0.0)) for d in rec.request.get("data", ()) or ())
+    chosen, runner, margin, why, met_pred, data_gib = _parts(rec)
     return JobDecision(
         record_id=rec.id,
         job_id=rec.job_id,
         job_name=rec.job_name,
         namespace=rec.namespace,
         created_at=rec.created_at,
-        chosen=chosen,
-        runner_up=runner,
+        chosen=_view(chosen),
+        runner_up=_view(runner),
         margin_usd=margin,
-        why=_why(rec, chosen, runner),
+        why=why,
         policy=rec.policy,
         catalog_version=rec.catalog_version,
         considered=rec.considered,
@@ -358,6 +439,86 @@ def _decision(rec: Rec) -> JobDecision:
         actual_cost_usd=rec.actual_cost_usd,
         deadline_met=rec.deadline_met,
     )
+
+
+def _iso(v: datetime | None) -> str | None:
+    return None if v is None else v.isoformat()
+
+
+def decision_plain(rec: Rec) -> dict[str, Any]:
+    """The JSON form of ``rec``'s job decision: equal to ``Report.to_dict()`` of the
+    :class:`JobDecision` the report builds for it, without building that object."""
+    chosen, runner, margin, why, met_pred, data_gib = _parts(rec)
+    return {
+        "record_id": rec.id,
+        "job_id": rec.job_id,
+        "job_name": rec.job_name,
+        "namespace": rec.namespace,
+        "created_at": rec.created_at.isoformat(),
+        "chosen": chosen,
+        "runner_up": runner,
+        "margin_usd": margin,
+        "why": why,
+        "policy": rec.policy,
+        "catalog_version": rec.catalog_version,
+        "considered": rec.considered,
+        "feasible": rec.feasible,
+        "rejected": {str(k): v for k, v in rec.rejected.items()},
+        "data_gib": data_gib,
+        "deadline": _iso(rec.deadline),
+        "predicted_finish_at": _iso(rec.predicted_finish_at),
+        "deadline_met_predicted": met_pred,
+        "finished_at": _iso(rec.finished_at),
+        "runtime_hours": rec.runtime_hours,
+        "actual_cost_usd": rec.actual_cost_usd,
+        "deadline_met": rec.deadline_met,
+    }
+
+
+class DecisionList(SequenceABC[JobDecision]):
+    """The report's job decisions, built on demand from the counted records.
+
+    Design choice: a report over 100k records needs every decision only for CSV and JSON, and
+    those read :meth:`plain_dicts` (plain dicts, no objects per decision); the HTML shows the
+    latest 500. So a :class:`JobDecision` is built only when one is read (indexing, slicing or
+    iterating; a slice is a tuple). Equal to any sequence holding equal decisions.
+    """
+
+    __slots__ = ("_recs",)
+
+    def __init__(self, recs: Sequence[Rec]) -> None:
+        self._recs = tuple(recs)
+
+    def __len__(self) -> int:
+        return len(self._recs)
+
+    @overload
+    def __getitem__(self, index: int) -> JobDecision: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[JobDecision, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> JobDecision | tuple[JobDecision, ...]:
+        if isinstance(index, slice):
+            return tuple(_decision(r) for r in self._recs[index])
+        return _decision(self._recs[index])
+
+    def __iter__(self) -> Iterator[JobDecision]:
+        return (_decision(r) for r in self._recs)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SequenceABC) or isinstance(other, str | bytes):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"DecisionList({len(self._recs)} decisions)"
+
+    def plain_dicts(self) -> list[dict[str, Any]]:
+        """Every decision in its JSON form (see :func:`decision_plain`), oldest first."""
+        return [decision_plain(r) for r in self._recs]
 
 
 def build_report(
@@ -396,40 +557,86 @@ def _build(
     filters: ReportFilters | None,
     generated_at: datetime | None,
 ) -> Report:
-    recs = [to_rec(r) for r in records]
+    """One pass over the counted records feeds every section (summary, baselines, spend, egress,
+    daily, deadlines); the job decisions are built on demand (:class:`DecisionList`)."""
+    recs = [r if type(r) is Rec else to_rec(r) for r in records]
     counted, previews = _counted(recs)
-    placed = [r for r in counted if r.chosen is not None]
-    unplaced = len(counted) - len(placed)
+    placed: list[Rec] = []
 
     est = comp = egr = moved_gib = actual = est_fin = 0.0
     finished = 0
     considered = sum(r.considered for r in counted)
     routes: dict[tuple[str, str], list[float]] = {}
     daily: dict[str, list[float]] = {}
-    for r in placed:
+    days: dict[Any, str] = {}  # date -> ISO day, so each day is formatted once
+    spend: tuple[dict[str, list[float]], ...] = ({}, {}, {}, {})  # provider, region, namespace, capacity
+    base = _BaselineAcc()
+    dl_jobs = dl_met_pred = dl_finished = dl_met = dl_missed = dl_too_slow = 0
+    dl_costs: list[float] = []
+    for r in counted:
         c = r.chosen
-        assert c is not None
+        if c is None:
+            continue
+        placed.append(r)
         total = float(c["total_usd"])
-        est += total
-        comp += float(c["compute_usd"])
+        compute = float(c["compute_usd"])
         e_usd = float(c["egress_usd"])
+        est += total
+        comp += compute
         egr += e_usd
-        if r.actual_cost_usd is not None:
+        ran = r.actual_cost_usd
+        if ran is not None:
             finished += 1
-            actual += r.actual_cost_usd
+            actual += ran
             est_fin += total
         moved = _moved_inputs(r)
-        gib_sum = sum(g for _, g in moved)
-        moved_gib += gib_sum
-        dest = f"{c['provider']}:{c['region']}"
-        for src, gib in moved:
-            row = routes.setdefault((src, dest), [0.0, 0.0, 0])
-            row[0] += gib
-            row[1] += e_usd * gib / gib_sum if gib_sum > 0 else 0.0
-            row[2] += 1
-        day = daily.setdefault(r.created_at.date().isoformat(), [0, 0.0])
+        if moved:
+            gib_sum = sum(g for _, g in moved)
+            moved_gib += gib_sum
+            dest = f"{c['provider']}:{c['region']}"
+            for src, gib in moved:
+                row = routes.get((src, dest))
+                if row is None:
+                    row = routes[(src, dest)] = [0.0, 0.0, 0]
+                row[0] += gib
+                row[1] += e_usd * gib / gib_sum if gib_sum > 0 else 0.0
+                row[2] += 1
+        date = r.created_at.date()
+        iso_day = days.get(date)
+        if iso_day is None:
+            iso_day = days[date] = date.isoformat()
+        day = daily.get(iso_day)
+        if day is None:
+            day = daily[iso_day] = [0, 0.0]
         day[0] += 1
         day[1] += total
+        # spend by provider, region, namespace and capacity kind
+        keys = (str(c["provider"]), f"{c['provider']}:{c['region']}", r.namespace or "-", str(c.get("capacity", "")))
+        for acc, key in zip(spend, keys, strict=True):
+            srow = acc.get(key)
+            if srow is None:
+                srow = acc[key] = [0, 0.0, 0.0, 0.0, 0.0, 0]
+            srow[0] += 1
+            srow[1] += total
+            srow[2] += compute
+            srow[3] += e_usd
+            if ran is not None:
+                srow[4] += ran
+                srow[5] += 1
+        base.add(options_of(r))
+        if r.deadline is not None:
+            dl_jobs += 1
+            if r.predicted_finish_at is not None and r.predicted_finish_at <= r.deadline:
+                dl_met_pred += 1
+            if r.deadline_met is not None:
+                dl_finished += 1
+                if r.deadline_met is True:
+                    dl_met += 1
+                elif r.deadline_met is False:
+                    dl_missed += 1
+            dl_costs.append(total)
+            dl_too_slow += sum(v for k, v in r.rejected.items() if "deadline" in k.lower())
+    unplaced = len(counted) - len(placed)
 
     summary = Summary(
         jobs_placed=len(placed),
@@ -450,11 +657,10 @@ def _build(
         (EgressRow(s, d, v[0], v[1], int(v[2])) for (s, d), v in routes.items()),
         key=lambda e: (-e.usd, -e.gib, e.source, e.destination),
     )
-
-    # deadlines
-    with_deadline = [r for r in placed if r.deadline is not None]
-    decisions = tuple(_decision(r) for r in counted)
-    dl_decisions = [d for d in decisions if d.deadline is not None and d.chosen is not None]
+    by_provider, by_region, by_namespace, by_capacity = (_spend_rows(acc) for acc in spend)
+    if exclude_providers is None:  # the provider with the highest spend (what run_whatif would pick)
+        top = max(by_provider, key=lambda row: (row.estimated_usd, row.key), default=None)
+        exclude_providers = [top.key] if top is not None else []
 
     from broker.reports.whatif import run_whatif  # local: keeps the import graph one-way
 
@@ -467,37 +673,30 @@ def _build(
         max_jobs=whatif_max_jobs,
     )
     deadlines = DeadlineSummary(
-        jobs_with_deadline=len(with_deadline),
-        met_predicted=sum(1 for d in dl_decisions if d.deadline_met_predicted),
-        finished=sum(1 for d in dl_decisions if d.deadline_met is not None),
-        met=sum(1 for d in dl_decisions if d.deadline_met is True),
-        missed=sum(1 for d in dl_decisions if d.deadline_met is False),
-        cost_usd=sum(float(r.chosen["total_usd"]) for r in with_deadline if r.chosen is not None),
-        offers_too_slow=sum(
-            v for r in with_deadline for k, v in r.rejected.items() if "deadline" in k.lower()
-        ),
+        jobs_with_deadline=dl_jobs,
+        met_predicted=dl_met_pred,
+        finished=dl_finished,
+        met=dl_met,
+        missed=dl_missed,
+        cost_usd=sum(dl_costs),
+        offers_too_slow=dl_too_slow,
         premium_usd=premium,
         premium_note=premium_note,
     )
-
-    def cap_key(r: Rec) -> str:
-        assert r.chosen is not None
-        return str(r.chosen.get("capacity", ""))
 
     return Report(
         generated_at=generated_at or datetime.now(UTC),
         filters=filters or ReportFilters(),
         summary=summary,
-        baselines=_baselines(placed, est),
-        by_provider=_spend(placed, lambda r: str(r.chosen["provider"]) if r.chosen else ""),
-        by_region=_spend(placed, lambda r: f"{r.chosen['provider']}:{r.chosen['region']}" if r.chosen else ""),
-        by_namespace=_spend(placed, lambda r: r.namespace or "-"),
-        by_capacity=_spend(placed, cap_key),
+        baselines=base.baselines(est),
+        by_provider=by_provider,
+        by_region=by_region,
+        by_namespace=by_namespace,
+        by_capacity=by_capacity,
         egress=tuple(egress_rows),
-        decisions=decisions,
+        decisions=DecisionList(counted),
         deadlines=deadlines,
         whatif=whatif,
         daily=tuple(DailySpend(k, int(v[0]), v[1]) for k, v in sorted(daily.items())),
         catalog_versions=tuple(sorted({r.catalog_version for r in counted if r.catalog_version})),
     )
-

@@ -7,6 +7,7 @@ renderer (HTML, CSV, JSON) reads. Money is USD, data is GiB, times are timezone-
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -203,7 +204,8 @@ class DailySpend:
 @dataclass(frozen=True, slots=True)
 class Report:
     """The whole placement report. ``decisions`` holds every placed or unplaceable job (the last
-    placement of each job), oldest first."""
+    placement of each job), oldest first: any sequence of :class:`JobDecision` (``build_report``
+    gives a lazy one that builds each decision when it is read; see ``broker.reports.build.DecisionList``)."""
 
     generated_at: datetime
     filters: ReportFilters
@@ -214,7 +216,7 @@ class Report:
     by_namespace: tuple[SpendRow, ...]
     by_capacity: tuple[SpendRow, ...]
     egress: tuple[EgressRow, ...]
-    decisions: tuple[JobDecision, ...]
+    decisions: Sequence[JobDecision]
     deadlines: DeadlineSummary
     whatif: tuple[WhatIf, ...]
     daily: tuple[DailySpend, ...]
@@ -222,16 +224,38 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document of ``docs/schemas/placement-report.schema.json`` (datetimes as ISO 8601)."""
-        out = _plain(self)
-        assert isinstance(out, dict)
-        return {"schema": SCHEMA_ID, **out}
+        out: dict[str, Any] = {"schema": SCHEMA_ID}
+        for name in _REPORT_FIELDS:
+            value = getattr(self, name)
+            out[name] = decision_dicts(value) if name == "decisions" else _plain(value)
+        return out
+
+
+def decision_dicts(decisions: Iterable[JobDecision]) -> list[dict[str, Any]]:
+    """The JSON form of ``decisions``: their ``plain_dicts()`` when they have it (the lazy list
+    ``build_report`` makes: no object per decision), else each decision converted."""
+    plain = getattr(decisions, "plain_dicts", None)
+    if plain is not None:
+        return plain()  # type: ignore[no-any-return]
+    return [_plain(d) for d in decisions]
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 def _plain(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        d = {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    cls = type(value)
+    if hasattr(cls, "__dataclass_fields__"):
+        d = {name: _plain(getattr(value, name)) for name in _field_names(cls)}
         if isinstance(value, OptionView):
             d["location"] = value.location
         return d
@@ -240,3 +264,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     return value
+
+
+_REPORT_FIELDS = tuple(f.name for f in dataclasses.fields(Report))

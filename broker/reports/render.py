@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from broker.reports.model import JobDecision, Report, SpendRow
+from broker.reports.model import Report, SpendRow, decision_dicts
 
 __all__ = ["render_html", "render_csv", "render_json", "CSV_COLUMNS"]
 
@@ -74,52 +74,60 @@ def _bool(v: bool | None) -> str:
     return "" if v is None else ("true" if v else "false")
 
 
-def _csv_row(d: JobDecision) -> list[str]:
-    c, u = d.chosen, d.runner_up
+_NO_OPTION: dict[str, Any] = {}
+
+
+def _csv_row(d: dict[str, Any]) -> list[str]:
+    """One CSV row from a decision's JSON form (see ``Report.to_dict()``)."""
+    c, u = d["chosen"], d["runner_up"]
+    o = c or _NO_OPTION
     return [
-        _num(d.record_id),
-        _iso(d.created_at),
-        d.job_id or "",
-        d.job_name,
-        d.namespace or "",
+        _num(d["record_id"]),
+        d["created_at"] or "",
+        d["job_id"] or "",
+        d["job_name"],
+        d["namespace"] or "",
         _bool(c is not None),
-        c.provider if c else "",
-        c.region if c else "",
-        c.instance_type if c else "",
-        c.capacity if c else "",
-        c.site if c else "",
-        _num(c.hourly_usd if c else None),
-        _num(c.compute_usd if c else None),
-        _num(c.egress_usd if c else None),
-        _num(c.transfer_hours if c else None),
-        _num(c.total_usd if c else None),
-        u.location if u else "",
-        u.instance_type if u else "",
-        u.capacity if u else "",
-        _num(u.total_usd if u else None),
-        _num(d.margin_usd),
-        _num(float(d.data_gib)),
-        _num(d.considered),
-        _num(d.feasible),
-        d.policy,
-        d.catalog_version,
-        _iso(d.deadline),
-        _iso(d.predicted_finish_at),
-        _bool(d.deadline_met_predicted),
-        _iso(d.finished_at),
-        _num(d.runtime_hours),
-        _num(d.actual_cost_usd),
-        _bool(d.deadline_met),
-        d.why,
+        o.get("provider", ""),
+        o.get("region", ""),
+        o.get("instance_type", ""),
+        o.get("capacity", ""),
+        o.get("site", ""),
+        _num(o.get("hourly_usd")),
+        _num(o.get("compute_usd")),
+        _num(o.get("egress_usd")),
+        _num(o.get("transfer_hours")),
+        _num(o.get("total_usd")),
+        u["location"] if u else "",
+        u["instance_type"] if u else "",
+        u["capacity"] if u else "",
+        _num(u["total_usd"] if u else None),
+        _num(d["margin_usd"]),
+        _num(float(d["data_gib"])),
+        _num(d["considered"]),
+        _num(d["feasible"]),
+        d["policy"],
+        d["catalog_version"],
+        d["deadline"] or "",
+        d["predicted_finish_at"] or "",
+        _bool(d["deadline_met_predicted"]),
+        d["finished_at"] or "",
+        _num(d["runtime_hours"]),
+        _num(d["actual_cost_usd"]),
+        _bool(d["deadline_met"]),
+        d["why"],
     ]
 
 
 def render_csv(report: Report) -> str:
     """One row per job decision with the columns of :data:`CSV_COLUMNS` (header first)."""
+    from broker.reports.build import no_gc
+
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(CSV_COLUMNS)
-    w.writerows(_csv_row(d) for d in report.decisions)
+    with no_gc():
+        w.writerows(_csv_row(d) for d in decision_dicts(report.decisions))
     return buf.getvalue()
 
 
