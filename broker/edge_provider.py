@@ -318,13 +318,16 @@ class EdgeRunner:
     """Applies device task outcomes to jobs (the gateway's ``TaskSink`` and the scheduler's edge poll).
 
     ``on_change`` (optional) is called with ``(job_id, to_state)`` after each committed transition
-    (metrics)."""
+    (metrics). ``charge`` (optional) charges ended runs to budgets and fair-share usage in the same
+    transaction, with the scheduler's ``charge_runs(session, [(row, hours, estimate_usd)], now)``."""
 
     def __init__(self, store: Store, clock: Clock, *,
-                 on_change: Callable[[str, JobState], None] | None = None) -> None:
+                 on_change: Callable[[str, JobState], None] | None = None,
+                 charge: Callable[[Any, list[tuple[Any, float, float]], datetime], None] | None = None) -> None:
         self.store = store
         self.clock = clock
         self.on_change = on_change
+        self.charge = charge
 
     # TaskSink -------------------------------------------------------------------------------------
     def task_status(self, job_id: str, state: str, exit_code: int | None, detail: Mapping[str, Any]) -> None:
@@ -348,8 +351,10 @@ class EdgeRunner:
         now = now or self.clock.now()
         job_id = job_of_request(request_id)
         with self.store.tx() as s:
-            stmt = sa.select(_jobs.c.state, _jobs.c.request_id, _jobs.c.instances_json, _jobs.c.retries,
-                             _jobs.c.spec_json, _jobs.c.created_at, _jobs.c.started_at).where(_jobs.c.id == job_id)
+            stmt = sa.select(_jobs.c.id, _jobs.c.namespace, _jobs.c.state, _jobs.c.request_id,
+                             _jobs.c.instances_json, _jobs.c.retries, _jobs.c.spec_json, _jobs.c.created_at,
+                             _jobs.c.started_at, _jobs.c.placement_json, _jobs.c.vcpus, _jobs.c.memory_gib,
+                             _jobs.c.gpus).where(_jobs.c.id == job_id)
             if self.store.is_postgres:
                 stmt = stmt.with_for_update()
             row = s.execute(stmt).one_or_none()
@@ -390,9 +395,22 @@ class EdgeRunner:
             else:
                 log.warning("unknown edge task state %r for %s", state, task_id)
                 return None
+            self._charge(s, row, to, now)
         if self.on_change is not None:
             self.on_change(job_id, to)
         return to
+
+    def _charge(self, s: Any, row: Any, to: JobState, now: datetime) -> None:
+        """Charge the ended run like the scheduler charges others: a finished run against its placement's
+        estimate; a run that goes back to the queue (BACKOFF, lost, refused) in full, as it is priced anew."""
+        if self.charge is None:
+            return
+        from broker.scheduler import _estimate_usd
+
+        started = utc(row.started_at) if row.started_at else now
+        hours = max(0.0, (now - started).total_seconds() / 3600.0)
+        estimate = _estimate_usd(row.placement_json) if to in (JobState.SUCCEEDED, JobState.FAILED) else 0.0
+        self.charge(s, [(row, hours, estimate)], now)
 
     @staticmethod
     def _device_of(s: Any, task_id: str) -> str:
@@ -549,7 +567,11 @@ def install_edge(state: Any, *, gateway_options: Mapping[str, Any] | None = None
         if metrics is not None:
             metrics.transitions.labels(to.value).inc()
 
-    runner = EdgeRunner(state.store, state.clock, on_change=on_change)
+    def charge(session: Any, runs: list[tuple[Any, float, float]], now: datetime) -> None:
+        if state.scheduler is not None:
+            state.scheduler.charge_runs(session, runs, now)
+
+    runner = EdgeRunner(state.store, state.clock, on_change=on_change, charge=charge)
     gateway = build_gateway(state.settings, state.store, runner, state.clock, **gw_opts) if connect else None
     provider = EdgeProvider(state.store, gateway, fleet, state.clock)
     service = EdgeService(fleet=fleet, provider=provider, runner=runner, gateway=gateway)

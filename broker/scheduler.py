@@ -844,10 +844,10 @@ class Scheduler:
             ))
             started = utc(row.started_at) if row.started_at else now
             ended.append((row, max(0.0, (now - started).total_seconds() / 3600.0)))
-        self._charge_runs(session, [(r, h, 0.0) for r, h in ended], now)
+        self.charge_runs(session, [(r, h, 0.0) for r, h in ended], now)
         return out
 
-    def _charge_runs(self, session: Any, runs: list[tuple[Any, float, float]], now: datetime) -> None:
+    def charge_runs(self, session: Any, runs: list[tuple[Any, float, float]], now: datetime) -> None:
         """Charge ended runs ``(row, runtime hours, estimate already counted)``: a budget-ledger row of
         ``actual - estimate`` per run and the namespaces' fair-share usage (one upsert per namespace).
         ``row`` has ``id``, ``namespace``, ``placement_json``, ``spec_json``, ``created_at``, ``vcpus``,
@@ -1031,7 +1031,7 @@ class Scheduler:
                         record_outcome(session, job_id, hours, now)
             except ImportError:  # pragma: no cover
                 pass
-            self._charge_runs(session, [c for job_id, c in charges.items() if job_id in live], now)
+            self.charge_runs(session, [c for job_id, c in charges.items() if job_id in live], now)
         self._count(transitions)
         for provider, ids, request_id in to_terminate:
             self.state.terminate_instances(provider, ids, request_id)

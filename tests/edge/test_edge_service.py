@@ -315,6 +315,12 @@ def test_a_succeeded_task_completes_its_job_with_exit_code_and_results(svc: Serv
     svc.edge.runner.task_status(task.job_id, "SUCCEEDED", 0, {"task_id": task.task_id})
     svc.hb.scheduler.run_cycle()
     assert [e.to_state for e in svc.events(job_id)].count("SUCCEEDED") == 1
+    # the run was charged to its namespace's fair-share usage, once (30 s of the job's vCPUs)
+    from broker.queues import FairShareUsageRow
+
+    with svc.hb.store.read() as s:
+        usage = s.get(FairShareUsageRow, row.namespace)
+    assert usage is not None and usage.cpu_hours == pytest.approx(row.vcpus * 30 / 3600, rel=0.05)
 
 
 @pytest.mark.parametrize(
