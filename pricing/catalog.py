@@ -38,7 +38,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -262,6 +262,8 @@ class Catalog:
         self.provenance: tuple[Provenance, ...] = provenance
         self._version: str | None = None
         self._shards: tuple[Catalog, Catalog] | None = None
+        self._derived: dict[str, Any] = {}
+        self._loc_masks: dict[tuple[tuple[str, ...], tuple[str, ...]], np.ndarray] = {}
         self._acc_upper = {a.upper(): i for i, a in enumerate(accelerators) if a}
         self._loc_index = {loc.key: i for i, loc in enumerate(locations)}
 
@@ -346,6 +348,15 @@ class Catalog:
     def location_mask(self, providers: Sequence[str] = (), regions: Sequence[str] = ()) -> np.ndarray:
         """Boolean per location code: allowed by the provider and region allow-lists (empty = any).
         A region entry matches a region name (``eu-west-1``) or a location key (``aws:eu-west-1``)."""
+        key = (tuple(providers), tuple(regions))
+        hit = self._loc_masks.get(key)
+        if hit is None:
+            if len(self._loc_masks) >= 1024:
+                self._loc_masks.clear()
+            hit = self._loc_masks[key] = self._location_mask(providers, regions)
+        return hit.copy()
+
+    def _location_mask(self, providers: Sequence[str], regions: Sequence[str]) -> np.ndarray:
         ok = np.ones(len(self.locations), dtype=bool)
         if providers:
             pset = set(providers)
@@ -445,6 +456,14 @@ class Catalog:
         """The catalog of only these rows (tables and provenance kept: codes stay comparable)."""
         cols = {k: getattr(self, k)[indices] for k in _COLUMNS}
         return Catalog(cols, **self._table_kwargs())
+
+    def derived(self, key: str, build: Callable[[], Any]) -> Any:
+        """``build()``, computed once per catalog object and kept under ``key`` (for indexes that users of
+        the catalog derive from its immutable columns, e.g. placement's offer groups)."""
+        hit = self._derived.get(key)
+        if hit is None:
+            hit = self._derived[key] = build()
+        return hit
 
     def capacity_shards(self) -> tuple[Catalog, Catalog]:
         """``(everything but spot, spot)``: two price-sorted subsets sharing this catalog's tables, built once.

@@ -27,9 +27,13 @@ yield no offer (zero price, unknown size, custom/uncomposed GCE families, a cpu 
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
 import re
+import sys
 from datetime import UTC, datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -99,17 +103,85 @@ SPOT_SOURCE_SUFFIX = {"azure_linux": "lowpriority", "gce_instances": "preemptibl
 _Counts = list[tuple[str, int, int]]
 
 
+# Design choice: ``import libcloud`` pulls in requests and urllib3 (~85 ms), a third of a cold catalog load,
+# for data files only. The package directory is found without importing it, the EC2 constants module (no
+# imports of its own) is executed from its file, and the Azure size table (a dict literal) is read with
+# ``ast.literal_eval``; each falls back to the ordinary import when the layout is not what we expect.
+_EC2_TYPES_FILE = ("compute", "constants", "ec2_instance_types.py")
+_AZURE_DRIVER_FILE = ("compute", "drivers", "azure.py")
+_VERSION_RE = re.compile(r'^__version__ = "([^"]+)"', re.MULTILINE)
+
+
+def _libcloud_dir() -> Path:
+    """The installed ``libcloud`` package directory (the package is not imported). ImportError if absent."""
+    mod = sys.modules.get("libcloud")
+    if mod is not None and getattr(mod, "__file__", None):
+        return Path(str(mod.__file__)).parent
+    spec = importlib.util.find_spec("libcloud")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("No module named 'libcloud'")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
 def libcloud_pricing_path() -> Path:
     """Path of the ``pricing.json`` bundled in the installed Libcloud package."""
-    import libcloud
-
-    return Path(libcloud.__file__).parent / "data" / "pricing.json"
+    return _libcloud_dir() / "data" / "pricing.json"
 
 
+@lru_cache(maxsize=1)
 def _libcloud_version() -> str:
+    mod = sys.modules.get("libcloud")
+    if mod is None:
+        try:
+            m = _VERSION_RE.search((_libcloud_dir() / "__init__.py").read_text())
+        except OSError:
+            m = None
+        if m:
+            return m.group(1)
     import libcloud
 
     return str(libcloud.__version__)
+
+
+@lru_cache(maxsize=1)
+def _ec2_instance_types() -> dict[str, Any]:
+    """Libcloud's ``INSTANCE_TYPES`` (EC2 specs), executed from its file without importing ``libcloud``."""
+    name = "libcloud.compute.constants.ec2_instance_types"
+    mod = sys.modules.get(name)
+    if mod is None:
+        path = _libcloud_dir().joinpath(*_EC2_TYPES_FILE)
+        spec = importlib.util.spec_from_file_location("_hybrid_broker_libcloud_ec2_types", path)
+        if spec is not None and spec.loader is not None:
+            mod = importlib.util.module_from_spec(spec)
+            try:
+                spec.loader.exec_module(mod)
+            except (OSError, ImportError, SyntaxError):
+                mod = None
+        if mod is None or not isinstance(getattr(mod, "INSTANCE_TYPES", None), dict):
+            from libcloud.compute.constants.ec2_instance_types import INSTANCE_TYPES
+
+            return INSTANCE_TYPES  # type: ignore[return-value]
+    return mod.INSTANCE_TYPES  # type: ignore[no-any-return]
+
+
+@lru_cache(maxsize=1)
+def _azure_instance_types() -> dict[str, Any]:
+    """Libcloud's ``AZURE_COMPUTE_INSTANCE_TYPES`` (classic Azure sizes), read as a literal from the driver's
+    source without importing it."""
+    mod = sys.modules.get("libcloud.compute.drivers.azure")
+    if mod is None:
+        try:
+            src = _libcloud_dir().joinpath(*_AZURE_DRIVER_FILE).read_text()
+            start = src.index("\nAZURE_COMPUTE_INSTANCE_TYPES = {") + 1
+            end = src.index("\n}\n", start) + 2
+            table = ast.literal_eval(src[start:end].partition("=")[2].strip())
+            if isinstance(table, dict) and table:
+                return table
+        except (OSError, ValueError, SyntaxError):
+            pass
+    from libcloud.compute.drivers.azure import AZURE_COMPUTE_INSTANCE_TYPES
+
+    return AZURE_COMPUTE_INSTANCE_TYPES  # type: ignore[no-any-return]
 
 
 def load_embedded(pricing_path: str | Path | None = None) -> Catalog:
@@ -140,6 +212,29 @@ def load_embedded(pricing_path: str | Path | None = None) -> Catalog:
     return b.build()
 
 
+class _Bulk:
+    """Offers of one provider and source, appended to the builder with one :meth:`CatalogBuilder.extend`
+    call (in the order added, so codes and the catalog version are those of row-by-row ``add``)."""
+
+    __slots__ = ("b", "provider", "source", "rows")
+
+    def __init__(self, b: CatalogBuilder, provider: str, source: str) -> None:
+        self.b, self.provider, self.source = b, provider, source
+        self.rows: list[tuple[Any, ...]] = []
+
+    def add(self, region: str, name: str, vcpus: float, mem: float, hourly: float, *, spot: bool = False,
+            gpus: int = 0, acc: str | None = None, gmem: float = 0.0, arm: bool = False) -> None:
+        self.rows.append((region, "", name, vcpus, mem, gpus, acc or "", gmem, arm, spot, hourly))
+
+    def flush(self) -> None:
+        if self.rows:
+            keys = ("regions", "zones", "names", "vcpus", "memory_gib", "gpus", "accelerators", "gpu_memory_gib",
+                    "arm", "spot", "hourly_usd")
+            cols = {k: [r[i] for r in self.rows] for i, k in enumerate(keys)}
+            self.b.extend(provider=self.provider, source=self.source, **cols)
+            self.rows = []
+
+
 def _mem_gib(s: str) -> float | None:
     m = re.match(r"^\s*([\d.,]+)\s*GiB", s or "")
     return float(m.group(1).replace(",", "")) if m else None
@@ -147,8 +242,9 @@ def _mem_gib(s: str) -> float | None:
 
 def _ec2(b: CatalogBuilder, prices: dict[str, dict[str, float]], source: str) -> _Counts:
     """On-demand EC2 offers (the only kind Libcloud's ``ec2_linux`` prices)."""
-    from libcloud.compute.constants.ec2_instance_types import INSTANCE_TYPES
+    INSTANCE_TYPES = _ec2_instance_types()  # noqa: N806
 
+    out = _Bulk(b, "aws", source)
     rows = dropped = 0
     for name, by_region in prices.items():
         spec: Any = INSTANCE_TYPES.get(name)
@@ -176,13 +272,13 @@ def _ec2(b: CatalogBuilder, prices: dict[str, dict[str, float]], source: str) ->
             if not price or price <= 0:
                 dropped += 1
                 continue
-            b.add(provider="aws", region=region, instance_type=name, vcpus=vcpus, memory_gib=mem, gpus=gpus,
-                  accelerator=acc, gpu_memory_gib=gmem, arch=arch, hourly_usd=float(price), source=source)
+            out.add(region, name, vcpus, mem, float(price), gpus=gpus, acc=acc, gmem=gmem, arm=arch == "arm64")
+    out.flush()
     return [(source, rows, dropped)]
 
 
 def _azure_spec(fam: str, n: int, suffix: str, ver: str) -> tuple[float, float] | None:
-    from libcloud.compute.drivers.azure import AZURE_COMPUTE_INSTANCE_TYPES
+    AZURE_COMPUTE_INSTANCE_TYPES = _azure_instance_types()  # noqa: N806
 
     if not ver and fam in ("a", "d", "ds") and (f"{'D' if fam == 'ds' else fam.upper()}{n}") in (
         AZURE_COMPUTE_INSTANCE_TYPES
@@ -234,13 +330,13 @@ def _azure(b: CatalogBuilder, prices: dict[str, dict[str, float]], source: str) 
         kind, fam, size, suffix, ver = m.group(1), m.group(2), int(m.group(3)), m.group(4), m.group(6) or ""
         name = f"Basic_{fam.upper()}{size}" if kind == "basic" else _azure_name(fam, size, suffix, ver)
         vcpus, mem = spec[0], _AZ_MEMORY_GIB.get(name, spec[1])
-        cap = "spot" if spot else "on-demand"
+        out = _Bulk(b, "azure", src)
         for region, price in by_region.items():
             if not price or price <= 0:
                 n[1] += 1
                 continue
-            b.add(provider="azure", region=region, instance_type=name, vcpus=vcpus, memory_gib=mem,
-                  hourly_usd=float(price), capacity=cap, source=src)
+            out.add(region, name, vcpus, mem, float(price), spot=spot)
+        out.flush()
     return [(src, rows, dropped) for src, (rows, dropped) in counts.items()]
 
 
@@ -268,8 +364,9 @@ def _gce(b: CatalogBuilder, families: dict[str, Any], source: str) -> _Counts:
                 shapes.append((f"{fam}-{shape}-{n}", fam, float(n), round(per * n, 2)))
     shapes.extend((name, fam, float(v), m) for name, (fam, v, m) in _GCE_FIXED.items())
     out: _Counts = []
-    for cap, kind, src in (("on-demand", "on_demand", source),
-                           ("spot", "preemptible", f"{source}:{SPOT_SOURCE_SUFFIX['gce_instances']}")):
+    for spot, kind, src in ((False, "on_demand", source),
+                            (True, "preemptible", f"{source}:{SPOT_SOURCE_SUFFIX['gce_instances']}")):
+        bulk = _Bulk(b, "gcp", src)
         rows = sum(len(part.get(kind) or {}) for f in families.values() if isinstance(f, dict)
                    for part in f.values() if isinstance(part, dict))
         used: set[tuple[str, str, str]] = set()  # (family, part, region) cells that priced an offer
@@ -280,15 +377,14 @@ def _gce(b: CatalogBuilder, families: dict[str, Any], source: str) -> _Counts:
             cpu, ram = _rates(f, "cpu", kind), _rates(f, "ram", kind)
             for region in sorted(set(cpu) & set(ram)):
                 used.update(((fam, "cpu", region), (fam, "ram", region)))
-                b.add(provider="gcp", region=region, instance_type=name, vcpus=vcpus, memory_gib=mem,
-                      hourly_usd=round(vcpus * cpu[region] + mem * ram[region], 6), capacity=cap, source=src)
+                bulk.add(region, name, vcpus, mem, round(vcpus * cpu[region] + mem * ram[region], 6), spot=spot)
         for name, (fam, vcpus, mem) in _GCE_SHARED.items():
             f = families.get(fam)
             if not f:
                 continue
             for region, price in _rates(f, "cpu", kind).items():
                 used.add((fam, "cpu", region))
-                b.add(provider="gcp", region=region, instance_type=name, vcpus=vcpus, memory_gib=mem,
-                      hourly_usd=price, capacity=cap, source=src)
+                bulk.add(region, name, vcpus, mem, price, spot=spot)
+        bulk.flush()
         out.append((src, rows, rows - len(used)))
     return out

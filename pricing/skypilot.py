@@ -90,9 +90,8 @@ class _Cols:
 
     @property
     def cols(self) -> dict[str, Any]:
-        if not self.rows:
-            return {k: [] for k in self._KEYS}
-        return dict(zip(self._KEYS, zip(*self.rows, strict=True), strict=True))
+        # One C-level pass per column (zip(*rows) over ~90k rows is twice as slow).
+        return {k: list(map(operator.itemgetter(i), self.rows)) for i, k in enumerate(self._KEYS)}
 
 
 def skypilot_files(catalog_dir: str | Path) -> list[tuple[str, Path]]:
@@ -139,6 +138,7 @@ def _f(s: str) -> float | None:
     return v if math.isfinite(v) else None
 
 
+@lru_cache(maxsize=1 << 17)
 def _price(s: str) -> float | None:
     v = _f(s)
     return v if v is not None and v > 0 else None

@@ -109,10 +109,45 @@ def load_records(
 _BATCH = 2000
 
 
+def _utc_text(value: str) -> datetime:
+    """A datetime column read as text: SQLite stores naive UTC (``2026-01-31 12:00:00.000000``).
+
+    Design choice: parsing with an explicit ``+00:00`` is about 5x faster than parsing and then
+    ``replace(tzinfo=UTC)``; text that already carries an offset fails that parse and is
+    converted to UTC instead."""
+    try:
+        return _fromiso(value + "+00:00")
+    except ValueError:
+        parsed = as_utc(_fromiso(value))
+        assert parsed is not None
+        return parsed
+
+
+_fromiso = datetime.fromisoformat
+
+
+def _chosen_and_alternatives(chosen: Any, alts: Any) -> tuple[Any, list[Any]]:
+    """Decode the ``chosen`` and ``alternatives`` columns.
+
+    Design choice: the choice is usually also the first alternative, stored as the same JSON text;
+    when the alternatives' text starts with ``[`` followed by the choice's text (a JSON object is
+    self-delimiting, so that prefix *is* the first element), the choice is the decoded first
+    alternative and is not decoded twice. The two are then one (never mutated) dict."""
+    if type(alts) is str:
+        decoded = orjson.loads(alts) or []
+        if type(chosen) is str:
+            if decoded and alts.startswith(chosen, 1):
+                return decoded[0], decoded
+            return orjson.loads(chosen), decoded
+        return _json(chosen), decoded
+    return _json(chosen), _json(alts) or []
+
+
 def _fill(out: list[Rec], rows: Any) -> None:
-    loads, when, append = orjson.loads, _when, out.append
+    loads, append, utc_text = orjson.loads, out.append, _utc_text
     for (rid, job_id, ns, kind, name, created, request, chosen, alts, rejected, considered, feasible, policy,
          version, nodes, deadline, predicted, runtime, actual, finished, met) in rows:
+        chosen, alts = _chosen_and_alternatives(chosen, alts)
         append(
             Rec(
                 rid,
@@ -120,10 +155,10 @@ def _fill(out: list[Rec], rows: Any) -> None:
                 ns,
                 kind,
                 name,
-                when(created),  # type: ignore[arg-type]
+                utc_text(created) if type(created) is str else _when(created),  # type: ignore[arg-type]
                 (loads(request) if type(request) is str else _json(request)) or {},
-                None if chosen is None else loads(chosen) if type(chosen) is str else _json(chosen),
-                (loads(alts) if type(alts) is str else _json(alts)) or [],
+                chosen,
+                alts,
                 (loads(rejected) if type(rejected) is str else _json(rejected)) or {},
                 considered,
                 feasible,
@@ -131,11 +166,11 @@ def _fill(out: list[Rec], rows: Any) -> None:
                 version,
                 "",
                 nodes,
-                None if deadline is None else when(deadline),
-                None if predicted is None else when(predicted),
+                None if deadline is None else utc_text(deadline) if type(deadline) is str else _when(deadline),
+                None if predicted is None else utc_text(predicted) if type(predicted) is str else _when(predicted),
                 runtime,
                 actual,
-                None if finished is None else when(finished),
+                None if finished is None else utc_text(finished) if type(finished) is str else _when(finished),
                 None if met is None else bool(met),
             )
         )

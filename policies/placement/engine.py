@@ -40,6 +40,7 @@ from policies.placement import (
 )
 from policies.placement.base import Context, Costs, FilterFn, Verdict, isin_codes
 from policies.placement.explain import explain
+from policies.placement.groups import offer_groups
 from pricing.catalog import CAPACITIES, Catalog
 from pricing.egress import EgressModel
 from pricing.geo import continent_of
@@ -64,6 +65,7 @@ REASONS: tuple[str, ...] = (
     *price_cap.REASONS, *deadline.REASONS,
 )
 _CANDIDATES = 256  # rows ranked per round; widened until enough diverse alternatives are found
+_PREFIX_GROUPS = 256  # live groups looked at first for the first locations of a request without data
 _SCAN_STEP = 1024  # first price-ordered window of _location_firsts (tests shrink it to exercise the bound)
 
 
@@ -160,6 +162,128 @@ def _location_firsts(cat: Catalog, alive: np.ndarray, want: int, a_loc: np.ndarr
     return np.sort(first[found])
 
 
+_NO_ROWS = np.zeros(0, dtype=np.int64)
+
+
+def _filter_rows(request: Request, cat: Catalog, ctx: Context, rejected: dict[str, int], want: int,
+                 objective: object, loc_usd: np.ndarray, loc_hours: np.ndarray) -> tuple[int, np.ndarray]:
+    """Apply every filter (deadline included) to every row of ``cat``, adding to ``rejected``; return the
+    number of feasible rows and the rows to cost (see :func:`_location_firsts`)."""
+    alive: np.ndarray | None = None
+    n_alive = len(cat)
+    for fn in FILTERS.values():
+        if n_alive == 0:
+            break
+        for reason, ok in fn(request, cat, ctx):
+            if alive is None:
+                alive = np.array(ok, dtype=bool)  # a copy: plugins may return cached arrays
+            else:
+                np.logical_and(alive, ok, out=alive)
+            left = int(np.count_nonzero(alive))
+            if left < n_alive:
+                rejected[reason] = rejected.get(reason, 0) + n_alive - left
+            n_alive = left
+            if n_alive == 0:
+                break
+    if alive is None:
+        alive = np.ones(len(cat), dtype=bool)
+    late_loc = deadline.late_locations(request, loc_hours, ctx)
+    if n_alive and late_loc.any():
+        late_rows = isin_codes(cat.loc_code, np.flatnonzero(late_loc))
+        np.logical_and(alive, ~late_rows, out=alive)
+        left = int(np.count_nonzero(alive))
+        rejected[deadline.DeadlineMiss] = rejected.get(deadline.DeadlineMiss, 0) + n_alive - left
+        n_alive = left
+    if n_alive == 0:
+        return 0, _NO_ROWS
+    a_loc = request.nodes * (request.duration_hours + loc_hours)
+    rows = _location_firsts(cat, alive, want, a_loc, loc_usd,
+                            exhaustive=bool(request.data) and objective is not cost.keys,
+                            uniform=not request.data)
+    return n_alive, np.flatnonzero(alive) if rows is None else rows
+
+
+def _weighted_count(mask: np.ndarray, weight: np.ndarray) -> int:
+    """``sum(weight[mask])`` for an int32 ``weight`` (einsum: no temporary, no BLAS threads)."""
+    return int(np.einsum("i,i->", mask.view(np.uint8), weight))
+
+
+def _filter_grouped(request: Request, cat: Catalog, ctx: Context, rejected: dict[str, int], want: int,
+                    objective: object, loc_usd: np.ndarray, loc_hours: np.ndarray) -> tuple[int, np.ndarray]:
+    """:func:`_filter_rows` computed per offer group (see :mod:`policies.placement.groups`): the same counts
+    and a superset of its rows to cost: every location's first feasible row, or every feasible row when
+    fewer than ``want`` locations have one (the superset ranks the same, since a location's first feasible
+    row is its best)."""
+    g = offer_groups(cat)
+    rep = g.rep
+    alive: np.ndarray | None = None
+    weight = g.weight  # rows per group still counted (the price cap lowers it)
+    n_alive = len(cat)
+    cap_k = len(cat)  # rows [0, cap_k) pass the price cap
+    n_groups = len(g.count)  # groups still alive
+    for name, fn in FILTERS.items():
+        if n_alive == 0:
+            break
+        if name == price_cap.NAME:
+            lim = price_cap.limit(request)
+            if lim is None:
+                continue
+            cap_k = int(np.searchsorted(cat.hourly_usd, lim, side="right"))
+            if cap_k < len(cat):
+                live = np.flatnonzero(alive) if alive is not None else np.arange(len(g.count))
+                under = g.rows_before(live, cap_k)
+                weight = np.zeros(len(g.count), dtype=np.int32)
+                weight[live] = under
+                if alive is None:
+                    alive = np.ones(len(g.count), dtype=bool)
+                alive[live] = under > 0
+                n_groups = int(np.count_nonzero(alive))
+                left = int(under.sum())
+                if left < n_alive:
+                    rejected[price_cap.OverPriceCap] = rejected.get(price_cap.OverPriceCap, 0) + n_alive - left
+                n_alive = left
+            continue
+        for reason, ok in fn(request, rep, ctx):
+            if alive is None:
+                alive = np.array(ok, dtype=bool)
+            else:
+                np.logical_and(alive, ok, out=alive)
+            groups_left = int(np.count_nonzero(alive))  # cheap: skips the weighted count when nothing went
+            left = n_alive if groups_left == n_groups else _weighted_count(alive, weight) if groups_left else 0
+            n_groups = groups_left
+            if left < n_alive:
+                rejected[reason] = rejected.get(reason, 0) + n_alive - left
+            n_alive = left
+            if n_alive == 0:
+                break
+    if alive is None:
+        alive = np.ones(len(g.count), dtype=bool)
+    late_loc = deadline.late_locations(request, loc_hours, ctx)
+    if n_alive and late_loc.any():
+        np.logical_and(alive, ~late_loc[rep.loc_code], out=alive)
+        left = _weighted_count(alive, weight)
+        rejected[deadline.DeadlineMiss] = rejected.get(deadline.DeadlineMiss, 0) + n_alive - left
+        n_alive = left
+    if n_alive == 0:
+        return 0, _NO_ROWS
+    # Live groups in ascending first row (with a price cap, a live group's first row is under it); a
+    # location's first feasible row is the first row of its first live group.
+    live = np.flatnonzero(alive)
+    if not request.data and len(live) > _PREFIX_GROUPS:
+        # Without data every location prices alike: price order is rank order, so the first ``want``
+        # locations' rows are the candidates (as in _location_firsts); a prefix of the groups usually has them.
+        head = live[:_PREFIX_GROUPS]
+        locs, at = np.unique(rep.loc_code[head], return_index=True)
+        if len(locs) >= want:
+            return n_alive, np.sort(g.first_row[head[at]])[:want]
+    first = np.full(len(cat.locations), -1, dtype=np.int64)
+    first[rep.loc_code[live[::-1]]] = g.first_row[live[::-1]]  # the last write wins: each location's first
+    found = first[first >= 0]
+    if len(found) >= want:
+        return n_alive, np.sort(found)[:want] if not request.data else np.sort(found)
+    return n_alive, g.rows_of(live, weight[live])
+
+
 def _options(cat: Catalog, c: Costs, js: list[int]) -> list[PlacementOption]:
     """The options of rows ``js`` of ``c`` (one gather per column, then plain Python values)."""
     ja = np.asarray(js, dtype=np.int64)
@@ -216,43 +340,18 @@ def place(
     considered = 0
     pools: list[tuple[Catalog, Costs]] = []
     extra_feasible = [0]  # feasible rows not costed (_location_firsts proved they cannot win)
-    for cat in parts:
+    want = top + 1
+    loc_costs: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # the shards share one location table
+    for p, cat in enumerate(parts):
         considered += len(cat)
-        alive: np.ndarray | None = None
-        n_alive = len(cat)
-        for fn in FILTERS.values():
-            if n_alive == 0:
-                break
-            for reason, ok in fn(request, cat, ctx):
-                if alive is None:
-                    alive = np.array(ok, dtype=bool)  # a copy: plugins may return cached arrays
-                else:
-                    np.logical_and(alive, ok, out=alive)
-                left = int(np.count_nonzero(alive))
-                if left < n_alive:
-                    rejected[reason] = rejected.get(reason, 0) + n_alive - left
-                n_alive = left
-                if n_alive == 0:
-                    break
-        if alive is None:
-            alive = np.ones(len(cat), dtype=bool)
-        loc_usd, loc_hours = _loc_costs(request, cat, egress)
-        late_loc = deadline.late_locations(request, loc_hours, ctx)
-        if n_alive and late_loc.any():
-            late_rows = isin_codes(cat.loc_code, np.flatnonzero(late_loc))
-            np.logical_and(alive, ~late_rows, out=alive)
-            left = int(np.count_nonzero(alive))
-            rejected[deadline.DeadlineMiss] = rejected.get(deadline.DeadlineMiss, 0) + n_alive - left
-            n_alive = left
-        if n_alive == 0:
-            c = _costs(request, cat, np.zeros(0, dtype=np.int64), loc_usd, loc_hours, wait_hours)
-        else:
-            a_loc = request.nodes * (request.duration_hours + loc_hours)
-            rows = _location_firsts(cat, alive, top + 1, a_loc, loc_usd,
-                                    exhaustive=bool(request.data) and objective is not cost.keys,
-                                    uniform=not request.data)
-            c = _costs(request, cat, np.flatnonzero(alive) if rows is None else rows, loc_usd, loc_hours,
-                       wait_hours)
+        key = id(cat.locations)
+        if key not in loc_costs:
+            loc_costs[key] = _loc_costs(request, cat, egress)
+        loc_usd, loc_hours = loc_costs[key]
+        args = (request, cat, ctx, rejected, want, objective, loc_usd, loc_hours)
+        # Shards of the catalog are filtered per offer group; extra offers (a few on-prem/edge rows) per row.
+        n_alive, rows = _filter_grouped(*args) if p < 2 and len(cat) else _filter_rows(*args)
+        c = _costs(request, cat, rows, loc_usd, loc_hours, wait_hours)
         extra_feasible[0] += n_alive - len(c.idx)
         pools.append((cat, c))
     feasible = sum(len(c.idx) for _, c in pools) + extra_feasible[0]
@@ -297,28 +396,33 @@ def _pick(request: Request, pools: list[tuple[Catalog, Costs]], objective: objec
     total = sum(len(c.idx) for _, c in pools)
     while True:
         keys: list[list[np.ndarray]] = []
-        pool_l, j_l, row_l, reg_l, ltc_l = [], [], [], [], []
+        pool_l, j_l, row_l, reg_l = [], [], [], []
+        ltc_l: list[tuple[Catalog, np.ndarray, np.ndarray]] = []
         # Pools cut from one catalog share its tables, so their location codes compare directly.
         group_of: dict[int, int] = {}
         for p, (cat, c) in enumerate(pools):
             g = group_of.setdefault(id(cat.locations), len(group_of))
             ks = objective(request, c)  # type: ignore[operator]
             n = len(c.idx)
-            take = np.arange(n) if n <= k else np.argpartition(ks[0], k)[:k]
-            rows = c.idx[take]
-            keys.append([kk[take] for kk in ks])
+            if n <= k:  # every row is a candidate: no gathers
+                take, rows = np.arange(n), c.idx
+                keys.append(list(ks))
+            else:
+                take = np.argpartition(ks[0], k)[:k]
+                rows = c.idx[take]
+                keys.append([kk[take] for kk in ks])
             pool_l.append(np.full(len(take), p))
             j_l.append(take)
             row_l.append(rows)
             reg = cat.loc_code[rows].astype(np.int64) + g * (1 << 40)
             reg_l.append(reg)
-            ltc_l.append((reg * (len(cat.type_names) + 1) + cat.type_code[rows]) * 8 + cat.cap_code[rows])
+            ltc_l.append((cat, reg, rows))
         if len(pools) == 1:
-            cat_keys, pool_a, j_a, row_a, reg_a, ltc_a = keys[0], pool_l[0], j_l[0], row_l[0], reg_l[0], ltc_l[0]
+            cat_keys, pool_a, j_a, row_a, reg_a = keys[0], pool_l[0], j_l[0], row_l[0], reg_l[0]
         else:
             cat_keys = [np.concatenate([kl[i] for kl in keys]) for i in range(len(keys[0]))]
             pool_a, j_a, row_a = np.concatenate(pool_l), np.concatenate(j_l), np.concatenate(row_l)
-            reg_a, ltc_a = np.concatenate(reg_l), np.concatenate(ltc_l)
+            reg_a = np.concatenate(reg_l)
         order = np.lexsort((row_a, pool_a, *reversed(cat_keys))).tolist()
         regs = reg_a.tolist()
         picked: list[int] = []
@@ -333,7 +437,8 @@ def _pick(request: Request, pools: list[tuple[Catalog, Costs]], objective: objec
             k *= 8  # not enough distinct locations among the candidates yet: widen before filling
             continue
         if len(picked) < want:
-            ltcs = ltc_a.tolist()
+            ltcs = np.concatenate([(reg * (len(cat.type_names) + 1) + cat.type_code[rows]) * 8 + cat.cap_code[rows]
+                                   for cat, reg, rows in ltc_l]).tolist()
             chosen = set(picked)
             seen_ltc = {ltcs[r] for r in picked}
             for r in order:

@@ -38,7 +38,8 @@ def interconnect_of(type_name: str) -> str | None:
 
 
 @lru_cache(maxsize=8)
-def _type_levels(type_names: tuple[str, ...]) -> np.ndarray:
+def type_levels(type_names: tuple[str, ...]) -> np.ndarray:
+    """Interconnect level per type name (0 none, 1 NVLink, 2 NVSwitch), as int8."""
     return np.array([_RANK.get(interconnect_of(t) or "", 0) for t in type_names], dtype=np.int8)
 
 
@@ -46,5 +47,5 @@ def checks(request: Request, catalog: Catalog, ctx: Context) -> list[Check]:
     if not request.interconnect:
         return []
     need = _RANK.get(request.interconnect.lower(), 3)  # an unknown kind matches nothing
-    levels = _type_levels(tuple(catalog.type_names))
+    levels = type_levels(tuple(catalog.type_names))
     return [(InterconnectMismatch, levels.take(catalog.type_code) >= need)]
