@@ -266,21 +266,23 @@ def _filter_grouped(request: Request, cat: Catalog, ctx: Context, rejected: dict
         n_alive = left
     if n_alive == 0:
         return 0, _NO_ROWS
-    # Live groups in ascending first row (with a price cap, a live group's first row is under it); a
-    # location's first feasible row is the first row of its first live group.
-    live = np.flatnonzero(alive)
-    if not request.data and len(live) > _PREFIX_GROUPS:
+    # Groups are numbered in ascending first row (with a price cap, a live group's first row is under it);
+    # a location's first feasible row is the first row of its first live group.
+    n_locs, stop = len(cat.locations), len(alive)
+    if not request.data:
         # Without data every location prices alike: price order is rank order, so the first ``want``
         # locations' rows are the candidates (as in _location_firsts); a prefix of the groups usually has them.
-        head = live[:_PREFIX_GROUPS]
-        locs, at = np.unique(rep.loc_code[head], return_index=True)
-        if len(locs) >= want:
-            return n_alive, np.sort(g.first_row[head[at]])[:want]
-    first = np.full(len(cat.locations), -1, dtype=np.int64)
-    first[rep.loc_code[live[::-1]]] = g.first_row[live[::-1]]  # the last write wins: each location's first
-    found = first[first >= 0]
-    if len(found) >= want:
-        return n_alive, np.sort(found)[:want] if not request.data else np.sort(found)
+        stop = min(stop, _PREFIX_GROUPS)
+    while True:
+        live = np.flatnonzero(alive[:stop])
+        first = np.full(n_locs, -1, dtype=np.int64)
+        first[rep.loc_code[live[::-1]]] = g.first_row[live[::-1]]  # the last write wins: each location's first
+        found = first[first >= 0]
+        if len(found) >= want:
+            return n_alive, np.sort(found)[:want] if not request.data else np.sort(found)
+        if stop >= len(alive):
+            break
+        stop = min(len(alive), stop * 8)
     return n_alive, g.rows_of(live, weight[live])
 
 
