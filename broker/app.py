@@ -37,8 +37,8 @@ from broker.metrics import Metrics
 from broker.migrations import upgrade
 from broker.model import Offer, PlacementResult
 from broker.model import Request as PlacementRequest
-from broker.store import JobRow, Store
-from broker.tenants import ensure_admin_token
+from broker.store import GroupCommitter, JobRow, Store
+from broker.tenants import TokenCache, ensure_admin_token
 
 __all__ = ["create_app", "AppState", "ScaledClock", "OPTIONAL_ROUTERS", "build_providers"]
 
@@ -120,6 +120,10 @@ class AppState:
         self.egress = egress
         self.catalog_version: str = getattr(catalog, "version", "") if catalog is not None else ""
         self.known_namespaces: set[str] = set()
+        # Request path: validated tokens (revocations through this process invalidate it at once) and
+        # the single writer that group-commits job submissions.
+        self.token_cache = TokenCache()
+        self.writer = GroupCommitter(store)
         self.metrics = Metrics(self._count_jobs)
         self.scheduler: Any = None
         self.first_admin_token: str | None = None
@@ -369,6 +373,7 @@ def create_app(
                 thread.join(timeout=30)
             if state.edge is not None:
                 state.edge.stop()
+            state.writer.close()
             store.dispose()
 
     app = FastAPI(

@@ -3,6 +3,11 @@
 A token is ``hb_<random>``; only its SHA-256 is stored, so a leaked database leaks no usable token.
 An admin token (``namespace`` None) may do everything; a namespace token sees and touches only its own
 namespace. Revoked tokens stay as rows (``revoked_at`` set) for the audit trail.
+
+:class:`TokenCache` keeps the principals of recently seen token hashes for a few seconds so the request
+path does not hash-and-look-up in the store on every call. Its contract: a revocation made through this
+process (:meth:`TokenCache.invalidate` after the commit) takes effect at once; one made by another
+process sharing the store takes effect here within :data:`TOKEN_CACHE_TTL_SECONDS`.
 """
 
 from __future__ import annotations
@@ -10,6 +15,9 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -32,13 +40,19 @@ __all__ = [
     "list_tokens",
     "revoke_token",
     "authenticate",
+    "lookup_token_hash",
     "ensure_admin_token",
+    "TokenCache",
+    "TOKEN_CACHE_TTL_SECONDS",
     "DEFAULT_NAMESPACE",
 ]
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DEFAULT_NAMESPACE = "default"
 TOKEN_PREFIX = "hb_"
+# How long a validated token is trusted without asking the store again: the bound within which a
+# revocation made by ANOTHER broker process (sharing PostgreSQL) takes effect in this one.
+TOKEN_CACHE_TTL_SECONDS = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,14 +162,73 @@ def authenticate(session: Session, token: str) -> Principal | None:
     """The principal of ``token``, or None when it is unknown or revoked."""
     if not token or len(token) > 512:
         return None
+    return lookup_token_hash(session, hash_token(token))
+
+
+def lookup_token_hash(session: Session, token_hash: str) -> Principal | None:
+    """The principal of the token whose SHA-256 hex is ``token_hash``, or None when unknown or revoked."""
     row = session.execute(
         sa.select(TokenRow.id, TokenRow.namespace, TokenRow.revoked_at).where(  # type: ignore[call-overload]
-            TokenRow.token_hash == hash_token(token)
+            TokenRow.token_hash == token_hash
         )
     ).first()
     if row is None or row.revoked_at is not None:
         return None
     return Principal(token_id=row.id, namespace=row.namespace)
+
+
+class TokenCache:
+    """Principals of valid tokens by token hash, each trusted for ``ttl_seconds`` (thread-safe).
+
+    Only valid tokens are kept (an unknown token is asked of the store every time, so random tokens
+    cannot fill the cache), at most ``max_entries`` of them. :meth:`invalidate` empties the cache and
+    bumps :attr:`epoch`; a lookup that started before (``put(..., epoch=<epoch read before the lookup>)``)
+    is then dropped, so a revocation racing a cache fill can never leave the revoked token cached.
+    ``monotonic`` is injectable for tests (it must be a real monotonic clock, never a frozen one).
+    """
+
+    def __init__(self, ttl_seconds: float = TOKEN_CACHE_TTL_SECONDS, *, max_entries: int = 10_000,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_seconds = ttl_seconds
+        self.max_entries = max_entries
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._entries: dict[str, tuple[Principal, float]] = {}
+        self._epoch = 0
+
+    @property
+    def epoch(self) -> int:
+        """Bumped by every :meth:`invalidate`; read it before a store lookup and pass it to :meth:`put`."""
+        return self._epoch
+
+    def get(self, token_hash: str) -> Principal | None:
+        """The cached principal of ``token_hash`` when it is still fresh, else None."""
+        entry = self._entries.get(token_hash)
+        if entry is None:
+            return None
+        if entry[1] <= self._monotonic():
+            with self._lock:
+                if self._entries.get(token_hash) is entry:
+                    del self._entries[token_hash]
+            return None
+        return entry[0]
+
+    def put(self, token_hash: str, principal: Principal, *, epoch: int) -> None:
+        """Cache ``principal`` unless the cache was invalidated since ``epoch`` was read."""
+        if self.ttl_seconds <= 0:
+            return
+        with self._lock:
+            if epoch != self._epoch:
+                return
+            if len(self._entries) >= self.max_entries:
+                self._entries.clear()
+            self._entries[token_hash] = (principal, self._monotonic() + self.ttl_seconds)
+
+    def invalidate(self) -> None:
+        """Forget every cached token (call it after a revocation commits)."""
+        with self._lock:
+            self._epoch += 1
+            self._entries.clear()
 
 
 def ensure_admin_token(store: Store, *, now: datetime, configured: str | None = None) -> str | None:

@@ -171,23 +171,41 @@ def option_view(d: Mapping[str, Any]) -> OptionView:
     )
 
 
+_OPTION_FIELDS = (
+    "provider", "region", "instance_type", "capacity", "site", "hourly_usd", "compute_usd", "egress_usd",
+    "transfer_hours", "total_usd", "finish_hours",
+)
+_option_fast = itemgetter(*_OPTION_FIELDS)
+
+
 def _option_plain(d: Mapping[str, Any]) -> dict[str, Any]:
     """A stored option as the report's JSON writes it: the :class:`OptionView` fields, typed as
     :func:`option_view` types them, in its field order, plus ``location``."""
-    provider = str(d.get("provider", ""))
-    region = str(d.get("region", ""))
+    try:  # every stored option has every key (option_to_dict): one C call reads them
+        provider, region, itype, capacity, site, hourly, compute, egress, transfer, total, finish = _option_fast(d)
+    except KeyError:
+        provider, region, itype, capacity, site = (
+            d.get("provider", ""), d.get("region", ""), d.get("instance_type", ""), d.get("capacity", ""),
+            d.get("site", "cloud"),
+        )
+        hourly, compute, egress, transfer, total, finish = (
+            d.get(k, 0.0) for k in ("hourly_usd", "compute_usd", "egress_usd", "transfer_hours", "total_usd",
+                                    "finish_hours")
+        )
+    provider = str(provider)
+    region = str(region)
     return {
         "provider": provider,
         "region": region,
-        "instance_type": str(d.get("instance_type", "")),
-        "capacity": str(d.get("capacity", "")),
-        "site": str(d.get("site", "cloud")),
-        "hourly_usd": float(d.get("hourly_usd", 0.0)),
-        "compute_usd": float(d.get("compute_usd", 0.0)),
-        "egress_usd": float(d.get("egress_usd", 0.0)),
-        "transfer_hours": float(d.get("transfer_hours", 0.0)),
-        "total_usd": float(d.get("total_usd", 0.0)),
-        "finish_hours": float(d.get("finish_hours", 0.0)),
+        "instance_type": str(itype),
+        "capacity": str(capacity),
+        "site": str(site),
+        "hourly_usd": float(hourly),
+        "compute_usd": float(compute),
+        "egress_usd": float(egress),
+        "transfer_hours": float(transfer),
+        "total_usd": float(total),
+        "finish_hours": float(finish),
         "location": f"{provider}:{region}",
     }
 
@@ -332,12 +350,19 @@ def _spend_rows(acc: Mapping[str, list[float]]) -> tuple[SpendRow, ...]:
     return tuple(rows)
 
 
-def _money(x: float) -> str:
-    return f"${x:,.2f}"
+_DEADLINE_REASON: dict[str, bool] = {}  # rejection reason -> whether it names a deadline (memo)
 
 
-def _describe(o: Mapping[str, Any]) -> str:
-    return f"{o['provider']} {o['region']} ({o['instance_type']}, {o['capacity']})"
+def _too_slow(rejected: Mapping[str, int]) -> int:
+    """How many offers ``rejected`` says could not meet the deadline."""
+    n = 0
+    for k, v in rejected.items():
+        hit = _DEADLINE_REASON.get(k)
+        if hit is None:
+            hit = _DEADLINE_REASON[k] = "deadline" in k.lower()
+        if hit:
+            n += v
+    return n
 
 
 def _why(rec: Rec, chosen: Mapping[str, Any] | None, runner: Mapping[str, Any] | None) -> str:
@@ -348,39 +373,39 @@ def _why(rec: Rec, chosen: Mapping[str, Any] | None, runner: Mapping[str, Any] |
         return f"nothing feasible among {rec.considered} offers ({named})"
     c_total, c_compute, c_egress = chosen["total_usd"], chosen["compute_usd"], chosen["egress_usd"]
     head = (
-        f"{_describe(chosen)}: {_money(c_total)} = {_money(c_compute)} compute"
-        f" + {_money(c_egress)} egress"
+        f"{chosen['provider']} {chosen['region']} ({chosen['instance_type']}, {chosen['capacity']}): "
+        f"${c_total:,.2f} = ${c_compute:,.2f} compute + ${c_egress:,.2f} egress"
     )
     if runner is None:
         return f"{head}; the only feasible option of {rec.considered} offers considered"
     r_total, r_compute, r_egress = runner["total_usd"], runner["compute_usd"], runner["egress_usd"]
     margin = r_total - c_total
-    reasons: list[str] = []
-    egress_saved = r_egress - c_egress
-    compute_saved = r_compute - c_compute
-    if egress_saved > _EPS:
-        reasons.append(f"{_money(egress_saved)} egress avoided")
-    elif egress_saved < -_EPS:
-        reasons.append(f"despite {_money(-egress_saved)} more egress")
-    if compute_saved > _EPS:
-        reasons.append(f"{_money(compute_saved)} less compute")
-    elif compute_saved < -_EPS:
-        reasons.append(f"despite {_money(-compute_saved)} more compute")
-    if chosen["capacity"] == "spot" and runner["capacity"] != "spot":
-        reasons.append("spot capacity")
     if margin < -_EPS:
         faster = runner["finish_hours"] - chosen["finish_hours"]
         tail = f"finishes {faster:.1f} h sooner" if faster > 0 else "preferred by the objective"
-        verdict = f"costs {_money(-margin)} more than the runner-up but {tail}"
+        verdict = f"costs ${-margin:,.2f} more than the runner-up but {tail}"
     else:
-        verdict = f"beats the runner-up by {_money(margin)}"
+        reasons: list[str] = []
+        egress_saved = r_egress - c_egress
+        compute_saved = r_compute - c_compute
+        if egress_saved > _EPS:
+            reasons.append(f"${egress_saved:,.2f} egress avoided")
+        elif egress_saved < -_EPS:
+            reasons.append(f"despite ${-egress_saved:,.2f} more egress")
+        if compute_saved > _EPS:
+            reasons.append(f"${compute_saved:,.2f} less compute")
+        elif compute_saved < -_EPS:
+            reasons.append(f"despite ${-compute_saved:,.2f} more compute")
+        if chosen["capacity"] == "spot" and runner["capacity"] != "spot":
+            reasons.append("spot capacity")
+        verdict = f"beats the runner-up by ${margin:,.2f}"
         if reasons:
             verdict += " (" + ", ".join(reasons) + ")"
-    too_slow = sum(v for k, v in rec.rejected.items() if "deadline" in k.lower())
+    too_slow = _too_slow(rec.rejected) if rec.rejected else 0
     extra = f"; {too_slow} offers could not meet the deadline" if too_slow else ""
     return (
-        f"{head}; {verdict}; runner-up {_describe(runner)} {_money(r_total)}"
-        f" = {_money(r_compute)} compute + {_money(r_egress)} egress{extra}"
+        f"{head}; {verdict}; runner-up {runner['provider']} {runner['region']} ({runner['instance_type']}, "
+        f"{runner['capacity']}) ${r_total:,.2f} = ${r_compute:,.2f} compute + ${r_egress:,.2f} egress{extra}"
     )
 
 
@@ -441,14 +466,12 @@ def _decision(rec: Rec) -> JobDecision:
     )
 
 
-def _iso(v: datetime | None) -> str | None:
-    return None if v is None else v.isoformat()
-
-
 def decision_plain(rec: Rec) -> dict[str, Any]:
     """The JSON form of ``rec``'s job decision: equal to ``Report.to_dict()`` of the
     :class:`JobDecision` the report builds for it, without building that object."""
     chosen, runner, margin, why, met_pred, data_gib = _parts(rec)
+    deadline, predicted, finished = rec.deadline, rec.predicted_finish_at, rec.finished_at
+    rejected = rec.rejected
     return {
         "record_id": rec.id,
         "job_id": rec.job_id,
@@ -463,12 +486,14 @@ def decision_plain(rec: Rec) -> dict[str, Any]:
         "catalog_version": rec.catalog_version,
         "considered": rec.considered,
         "feasible": rec.feasible,
-        "rejected": {str(k): v for k, v in rec.rejected.items()},
+        "rejected": (
+            dict(rejected) if all(type(k) is str for k in rejected) else {str(k): v for k, v in rejected.items()}
+        ),
         "data_gib": data_gib,
-        "deadline": _iso(rec.deadline),
-        "predicted_finish_at": _iso(rec.predicted_finish_at),
+        "deadline": None if deadline is None else deadline.isoformat(),
+        "predicted_finish_at": None if predicted is None else predicted.isoformat(),
         "deadline_met_predicted": met_pred,
-        "finished_at": _iso(rec.finished_at),
+        "finished_at": None if finished is None else finished.isoformat(),
         "runtime_hours": rec.runtime_hours,
         "actual_cost_usd": rec.actual_cost_usd,
         "deadline_met": rec.deadline_met,
@@ -635,7 +660,7 @@ def _build(
                 elif r.deadline_met is False:
                     dl_missed += 1
             dl_costs.append(total)
-            dl_too_slow += sum(v for k, v in r.rejected.items() if "deadline" in k.lower())
+            dl_too_slow += _too_slow(r.rejected)
     unplaced = len(counted) - len(placed)
 
     summary = Summary(
