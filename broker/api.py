@@ -11,12 +11,15 @@ returns ``id``, ``state``, ``placement`` (the OPTION object of ``broker place --
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
 
+import orjson
 import sqlalchemy as sa
 from fastapi import APIRouter, Body, Depends, Header, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -31,6 +34,7 @@ from broker.api_deps import (
     get_store,
     require_admin,
     require_namespace,
+    token_cache,
 )
 from broker.errors import ConflictError, NotFoundError, SpecError
 from broker.lifecycle import submit_jobs, transition
@@ -45,7 +49,7 @@ from broker.tenants import (
     revoke_token,
 )
 
-__all__ = ["router", "job_detail", "job_summary", "read_body"]
+__all__ = ["router", "job_detail", "job_summary", "read_body", "write_submissions", "submission_weight"]
 
 log = logging.getLogger("broker.api")
 
@@ -328,21 +332,35 @@ def delete_token(
     """Revoke a token (admin; idempotent). The token answers 401 from then on."""
     with store.tx() as session:
         row = revoke_token(session, token_id, now=hb.clock.now())
+    token_cache(hb).invalidate()  # after the commit: from now on this process asks the store again
     return {"id": row.id, "namespace": row.namespace, "revoked_at": _iso(row.revoked_at)}
 
 
 # ------------------------------------------------------------------------------------------ jobs
 
 
-def _submit_sync(hb: Any, ns: str, body: bytes, content_type: str, key: str | None) -> tuple[int, Any, bool]:
+@dataclass(frozen=True)
+class _Submission:
+    """A parsed submission, ready for the writer: the specs, their stored documents, and the key."""
+
+    ns: str
+    key: str | None
+    digest: str
+    now: datetime
+    specs: list[Any]
+    docs: list[str]
+    burst: bool
+
+
+# Bodies up to this size (JSON) are parsed on the event loop (~40 us per spec); larger ones and YAML
+# in the threadpool, so a big burst never stalls the other requests.
+_INLINE_PARSE_BYTES = 16 * 1024
+
+
+def _prepare_submission(hb: Any, ns: str, body: bytes, content_type: str, key: str | None) -> _Submission:
+    """Parse and validate a submission body (no store access); raises :class:`SpecError` for bad input."""
     from broker.spec import specs_from_payload
 
-    store: Store = hb.store
-    digest = hashlib.sha256(body).hexdigest()
-    if key is not None:
-        replay = _replay(store, ns, key, digest)
-        if replay is not None:
-            return replay[0], replay[1], True
     now = hb.clock.now()
     payload = _parse_payload(body, content_type)
     burst = isinstance(payload, list) or (isinstance(payload, dict) and set(payload) == {"jobs"})
@@ -358,36 +376,101 @@ def _submit_sync(hb: Any, ns: str, body: bytes, content_type: str, key: str | No
                 "metadata.namespace or post to its namespace",
             )
     docs = [json.dumps(spec.raw, separators=(",", ":"), default=str) for spec in specs]
-    try:
-        with store.tx() as session:
-            priorities = _resolve_priorities(session, specs, burst)
-            jobs = submit_jobs(session, ns, specs, now=now, spec_docs=docs, priorities=priorities)
-            response: Any = {"jobs": jobs} if burst else jobs[0]
-            if key is not None:
-                session.connection().execute(
-                    _idem.insert(),
-                    [{"namespace": ns, "key": key, "request_sha256": digest, "status_code": 201,
-                      "response_json": json.dumps(response), "created_at": now}],
+    return _Submission(ns, key, hashlib.sha256(body).hexdigest(), now, specs, docs, burst)
+
+
+class _DuplicateKeyInBatch(Exception):
+    """Two submissions of one batch carry the same key: the writer then stores them one by one."""
+
+
+Outcome = tuple[int, Any, bool] | BaseException
+
+
+def write_submissions(session: Session, subs: list[_Submission], *, clock: Any) -> list[Outcome]:
+    """Store a batch of submissions in ``session`` (the write function of the app's
+    :class:`~broker.store.GroupCommitter`): one outcome per submission, in order, either
+    ``(status, answer, replayed)`` or the :class:`SpecError` refusing it alone.
+
+    A submission whose key was used before gets that key's first answer (or the 422 of a key reused with
+    another body); the others are inserted with one :func:`broker.lifecycle.submit_jobs` per namespace
+    (jobs keep the order of arrival, ``created_at`` is the time of this write) and one insert of the keys'
+    answers. Priority classes are read once.
+    """
+    now = clock.now()
+    outcomes: list[Outcome | None] = [None] * len(subs)
+    keyed = [(i, sub) for i, sub in enumerate(subs) if sub.key is not None]
+    if keyed:
+        if len({(sub.ns, sub.key) for _, sub in keyed}) < len(keyed):
+            raise _DuplicateKeyInBatch
+        found = {
+            (r.namespace, r.key): r
+            for r in session.execute(
+                sa.select(_idem.c.namespace, _idem.c.key, _idem.c.request_sha256, _idem.c.status_code,
+                          _idem.c.response_json).where(
+                    _idem.c.namespace.in_({sub.ns for _, sub in keyed}),
+                    _idem.c.key.in_({sub.key for _, sub in keyed}),
                 )
-    except sa.exc.IntegrityError:
-        if key is None:
-            raise
-        replay = _replay(store, ns, key, digest)  # a concurrent request with the same key won
-        if replay is None:
-            raise
-        return replay[0], replay[1], True
-    hb.metrics.submitted.labels(ns).inc(len(specs))
-    return 201, response, False
+            )
+        }
+        for i, sub in keyed:
+            row = found.get((sub.ns, sub.key))
+            if row is not None:
+                outcomes[i] = (
+                    _key_reused() if row.request_sha256 != sub.digest
+                    else (row.status_code, json.loads(row.response_json), True)
+                )
+    classes = _priority_classes(session)
+    priorities: dict[int, list[int]] = {}
+    by_ns: dict[str, list[int]] = {}
+    for i, sub in enumerate(subs):
+        if outcomes[i] is not None:
+            continue
+        try:
+            priorities[i] = _resolve_priorities(classes, sub.specs, sub.burst)
+        except SpecError as exc:
+            outcomes[i] = exc
+            continue
+        by_ns.setdefault(sub.ns, []).append(i)
+    answers: list[dict[str, Any]] = []
+    for ns, idxs in by_ns.items():
+        jobs = submit_jobs(
+            session, ns, [spec for i in idxs for spec in subs[i].specs], now=now,
+            spec_docs=[doc for i in idxs for doc in subs[i].docs],
+            priorities=[p for i in idxs for p in priorities[i]],
+        )
+        pos = 0
+        for i in idxs:
+            sub = subs[i]
+            mine, pos = jobs[pos : pos + len(sub.specs)], pos + len(sub.specs)
+            response: Any = {"jobs": mine} if sub.burst else mine[0]
+            outcomes[i] = (201, response, False)
+            if sub.key is not None:
+                answers.append({"namespace": ns, "key": sub.key, "request_sha256": sub.digest, "status_code": 201,
+                                "response_json": json.dumps(response), "created_at": now})
+    if answers:
+        session.connection().execute(_idem.insert(), answers)
+    return [o for o in outcomes if o is not None]
 
 
-def _resolve_priorities(session: Session, specs: list[Any], burst: bool) -> list[int]:
+def _priority_classes(session: Session) -> dict[str, Any]:
+    """Every PriorityClass by name (one Core query; what :func:`broker.policy_store.list_priority_classes`
+    returns, without building ORM objects)."""
+    from broker.policy_store import PriorityClassRecord
+    from policies.priority import PriorityClass
+
+    t = PriorityClassRecord.__table__  # type: ignore[attr-defined]
+    rows = session.execute(sa.select(t.c.name, t.c.value, t.c.preemption_policy, t.c.global_default,
+                                     t.c.description))
+    return {r.name: PriorityClass(r.name, r.value, r.preemption_policy, r.global_default, r.description)
+            for r in rows}
+
+
+def _resolve_priorities(classes: dict[str, Any], specs: list[Any], burst: bool) -> list[int]:
     """The priority to store with each spec: its ``priorityClassName``'s value, else its raw ``priority``,
-    else the ``globalDefault`` class's value, else 0 (:func:`broker.policy_store.resolve_priority`, with
-    the classes read once). An unknown class is a :class:`SpecError` on ``spec.priorityClassName`` (422)."""
-    from broker.policy_store import list_priority_classes
+    else the ``globalDefault`` class's value, else 0 (:func:`policies.priority.resolve`). An unknown class
+    is a :class:`SpecError` on ``spec.priorityClassName`` (422)."""
     from policies.priority import resolve
 
-    classes = list_priority_classes(session)
     out: list[int] = []
     for i, spec in enumerate(specs):
         resolved = resolve(spec.priority_class_name, classes, explicit=spec.priority)
@@ -397,21 +480,39 @@ def _resolve_priorities(session: Session, specs: list[Any], burst: bool) -> list
     return out
 
 
-def _replay(store: Store, ns: str, key: str, digest: str) -> tuple[int, Any] | None:
-    with store.read() as session:
-        row = session.execute(
-            sa.select(_idem.c.request_sha256, _idem.c.status_code, _idem.c.response_json).where(
-                _idem.c.namespace == ns, _idem.c.key == key
-            )
-        ).first()
+def _key_reused() -> SpecError:
+    return SpecError(
+        "Idempotency-Key",
+        "this key was already used with a different body. To fix: use a new key for a new request",
+    )
+
+
+def _replay_in(session: Session, ns: str, key: str, digest: str) -> tuple[int, Any] | None:
+    row = session.execute(
+        sa.select(_idem.c.request_sha256, _idem.c.status_code, _idem.c.response_json).where(
+            _idem.c.namespace == ns, _idem.c.key == key
+        )
+    ).first()
     if row is None:
         return None
     if row.request_sha256 != digest:
-        raise SpecError(
-            "Idempotency-Key",
-            "this key was already used with a different body. To fix: use a new key for a new request",
-        )
+        raise _key_reused()
     return row.status_code, json.loads(row.response_json)
+
+
+def submission_weight(sub: _Submission) -> int:
+    """How many jobs ``sub`` holds (the writer's batch weight)."""
+    return len(sub.specs)
+
+
+def _replay(store: Store, ns: str, key: str, digest: str) -> tuple[int, Any] | None:
+    with store.read() as session:
+        return _replay_in(session, ns, key, digest)
+
+
+def _json_response(content: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """A JSON response encoded with orjson (same JSON as ``JSONResponse`` for these plain documents)."""
+    return Response(orjson.dumps(content), status_code=status_code, headers=headers, media_type="application/json")
 
 
 @router.post(
@@ -423,14 +524,43 @@ async def post_jobs(
     ns: Annotated[str, Depends(require_namespace)],
     hb: Annotated[Any, Depends(get_state)],
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
-) -> JSONResponse:
-    """Submit one job spec (-> the job) or a burst (-> ``{"jobs": [...]}``, all or nothing)."""
+) -> Response:
+    """Submit one job spec (-> the job) or a burst (-> ``{"jobs": [...]}``, all or nothing).
+
+    The body is parsed here (small JSON bodies on the event loop, others in the threadpool) and stored
+    by the app's single writer (:class:`broker.store.GroupCommitter`), which commits the submissions
+    that arrive together in one transaction; the answer is sent only after that commit.
+    """
     body = await read_body(request)
     content_type = request.headers.get("content-type", "").lower()
-    key = idempotency_key.strip() if idempotency_key else None
-    status, response, replayed = await run_in_threadpool(_submit_sync, hb, ns, body, content_type, key or None)
-    headers = {"Idempotent-Replayed": "true"} if replayed else None
-    return JSONResponse(response, status_code=status, headers=headers)
+    key = (idempotency_key.strip() if idempotency_key else None) or None
+    try:
+        if len(body) <= _INLINE_PARSE_BYTES and "json" in content_type:
+            sub = _prepare_submission(hb, ns, body, content_type, key)
+        else:
+            sub = await run_in_threadpool(_prepare_submission, hb, ns, body, content_type, key)
+    except SpecError:
+        # A retry of an accepted request is replayed even if its body would no longer validate (e.g. a
+        # deadline that has passed since); a key reused with another body is the key's 422.
+        replay = None if key is None else await run_in_threadpool(
+            _replay, hb.store, ns, key, hashlib.sha256(body).hexdigest()
+        )
+        if replay is None:
+            raise
+        return _json_response(replay[1], replay[0], {"Idempotent-Replayed": "true"})
+    try:
+        status, response, replayed = await asyncio.wrap_future(
+            hb.writer.submit(sub)
+        )
+    except sa.exc.IntegrityError:
+        # Another process (or a request in the same batch) stored the same key first: replay its answer.
+        replay = None if key is None else await run_in_threadpool(_replay, hb.store, ns, key, sub.digest)
+        if replay is None:
+            raise
+        status, response, replayed = replay[0], replay[1], True
+    if not replayed:
+        hb.metrics.submitted.labels(ns).inc(len(sub.specs))
+    return _json_response(response, status, {"Idempotent-Replayed": "true"} if replayed else None)
 
 
 @router.get("/v1/namespaces/{ns}/jobs", tags=["jobs"], responses=_ERRORS)

@@ -9,6 +9,7 @@ scheduler thread. Everything per app lives in :class:`AppState` (``app.state.hb`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import logging
 import sys
@@ -43,6 +44,9 @@ from broker.tenants import TokenCache, ensure_admin_token
 __all__ = ["create_app", "AppState", "ScaledClock", "OPTIONAL_ROUTERS", "build_providers"]
 
 log = logging.getLogger("broker.app")
+
+# At most this many jobs are group-committed in one transaction of the submission writer.
+SUBMIT_BATCH_JOBS = 2000
 
 # Routers of other areas, mounted when their module exists.
 OPTIONAL_ROUTERS = ("broker.api_edge", "broker.api_reports", "broker.api_policies")
@@ -122,8 +126,13 @@ class AppState:
         self.known_namespaces: set[str] = set()
         # Request path: validated tokens (revocations through this process invalidate it at once) and
         # the single writer that group-commits job submissions.
+        from broker.api import submission_weight, write_submissions
+
         self.token_cache = TokenCache()
-        self.writer = GroupCommitter(store)
+        self.writer: GroupCommitter[Any, Any] = GroupCommitter(
+            store, functools.partial(write_submissions, clock=clock), max_batch=SUBMIT_BATCH_JOBS,
+            weight=submission_weight, name="hb-submit-writer",
+        )
         self.metrics = Metrics(self._count_jobs)
         self.scheduler: Any = None
         self.first_admin_token: str | None = None

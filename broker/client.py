@@ -173,6 +173,34 @@ class BrokerClient:
         return self._request("GET", f"/v1/namespaces/{namespace}/jobs/{job_id}/logs",
                              params={"stream": stream}).text
 
+    # -------------------------------------------------------------------------------- queues
+
+    def get_queue(self, namespace: str | None = None) -> dict[str, Any]:
+        """The queue of ``namespace`` (discipline, weight, usage, dominant share), or with None the
+        cluster's (discipline across namespaces, half-life, every namespace's setting; admin)."""
+        path = "/v1/queue" if namespace is None else f"/v1/namespaces/{namespace}/queue"
+        return self._json("GET", path)  # type: ignore[no-any-return]
+
+    def set_queue(
+        self,
+        namespace: str | None = None,
+        *,
+        discipline: str | None = None,
+        weight: float | None = None,
+        half_life_seconds: float | None = None,
+    ) -> dict[str, Any]:
+        """Change the queue of ``namespace`` (or with None the cluster's; admin); arguments left None keep
+        their value. Returns the queue as :meth:`get_queue` shows it."""
+        body: dict[str, Any] = {}
+        if discipline is not None:
+            body["discipline"] = discipline
+        if weight is not None:
+            body["weight"] = weight
+        if half_life_seconds is not None:
+            body["halfLifeSeconds"] = half_life_seconds
+        path = "/v1/queue" if namespace is None else f"/v1/namespaces/{namespace}/queue"
+        return self._json("PUT", path, json=body, retry=True)  # type: ignore[no-any-return]
+
     def preview(self, spec: Mapping[str, Any]) -> dict[str, Any]:
         return self._json("POST", "/v1/placements:preview", json=spec, retry=True)  # type: ignore[no-any-return]
 

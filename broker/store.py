@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -307,50 +307,61 @@ class Store:
         self.engine.dispose()
 
 
-T = TypeVar("T")
+ItemT = TypeVar("ItemT")
+ResultT = TypeVar("ResultT")
 _log = logging.getLogger("broker.store")
 _STOP = object()
 
+WriteBatch = Callable[[Session, list[ItemT]], list[ResultT | BaseException]]
 
-class GroupCommitter:
-    """A single writer thread that runs queued write functions in shared transactions (group commit).
 
-    :meth:`submit` queues ``work(session) -> T`` and returns a :class:`concurrent.futures.Future`. The
-    writer takes what is queued (at most ``max_batch`` items), runs each item's ``work`` in ONE
-    :meth:`Store.tx` and commits once; every future is resolved only after that commit, so a result that
-    reached a caller is durable. When any item raises (or the commit fails) the batch is rolled back and
-    each item is re-run alone in its own transaction, so one failing item never affects another and
-    each item sees exactly the semantics of running alone. Hence ``work`` must only touch the store
-    through ``session`` and be safe to run again after a rollback.
+class GroupCommitter(Generic[ItemT, ResultT]):
+    """A single writer thread that stores queued items in shared transactions (group commit).
 
-    The thread starts on the first :meth:`submit` and exits after ``idle_seconds`` without work (or on
+    :meth:`submit` queues an item and returns a :class:`concurrent.futures.Future`. The writer takes what
+    is queued (at most ``max_batch`` items) and calls ``write_batch(session, items)`` in ONE
+    :meth:`Store.tx`, which returns one outcome per item, in order: a result, or an exception instance
+    for an item refused on its own (its writes must then not have been made). Futures are resolved only
+    after the commit, so a result that reached a caller is durable. When ``write_batch`` raises, or the
+    commit fails, the batch is rolled back and each item is written again alone (``[item]``) in its own
+    transaction, so one item's failure (e.g. a unique key taken meanwhile) never affects another, and a
+    raised exception goes to that item's future. Hence ``write_batch`` must touch the store only through
+    ``session`` and be safe to run again after a rollback.
+
+    A batch holds items of total ``weight`` (default 1 per item) up to ``max_batch``, and always at least
+    one item. The thread starts on the first :meth:`submit` and exits after ``idle_seconds`` without work (or on
     :meth:`close`); a later submit starts a new one, so an app that is never shut down leaks no thread.
     """
 
-    def __init__(self, store: Store, *, max_batch: int = 64, idle_seconds: float = 2.0,
+    def __init__(self, store: Store, write_batch: WriteBatch[ItemT, ResultT], *, max_batch: int = 64,
+                 weight: Callable[[ItemT], int] | None = None, idle_seconds: float = 2.0,
                  name: str = "hb-writer") -> None:
         self.store = store
+        self.write_batch = write_batch
         self.max_batch = max_batch
+        self.weight = weight or (lambda _item: 1)
+        self._carry: Any = None  # the entry that did not fit in the previous batch
         self.idle_seconds = idle_seconds
         self.name = name
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self.batches = 0  # committed batches (for benchmarks and tests)
-        self.items = 0  # items committed in batches or alone
+        self.batches = 0  # transactions committed (for benchmarks and tests)
+        self.items = 0  # items resolved by those transactions
 
-    def submit(self, work: Callable[[Session], T]) -> Future[T]:
-        """Queue ``work`` for the writer; its future gets the result or the exception ``work`` raised."""
-        future: Future[T] = Future()
+    def submit(self, item: ItemT) -> Future[ResultT]:
+        """Queue ``item`` for the writer; its future gets the item's result or exception."""
+        future: Future[ResultT] = Future()
+        weight = self.weight(item)  # in the caller's thread: an error here is the caller's
         with self._lock:
-            self._queue.put((work, future))
+            self._queue.put((item, future, weight))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
         return future
 
     def close(self, timeout: float = 30.0) -> None:
-        """Finish what is queued and stop the writer thread (a later :meth:`submit` starts it again)."""
+        """Write what is queued and stop the writer thread (a later :meth:`submit` starts it again)."""
         with self._lock:
             thread = self._thread
             if thread is None:
@@ -358,59 +369,81 @@ class GroupCommitter:
             self._queue.put(_STOP)
         thread.join(timeout)
 
+    def _next(self, block: bool) -> Any:
+        if self._carry is not None:
+            entry, self._carry = self._carry, None
+            return entry
+        return self._queue.get(timeout=self.idle_seconds) if block else self._queue.get_nowait()
+
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException:  # a bug: log it, and let a new writer take over what is queued
+            _log.exception("the writer thread %s failed", self.name)
+            with self._lock:
+                self._thread = None
+                if not self._queue.empty() or self._carry is not None:
+                    self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                    self._thread.start()
+            raise
+
+    def _loop(self) -> None:
         while True:
             try:
-                first = self._queue.get(timeout=self.idle_seconds)
+                first = self._next(block=True)
             except queue.Empty:
                 with self._lock:
                     if self._queue.empty():
                         self._thread = None
                         return
                 continue
-            batch: list[tuple[Callable[[Session], Any], Future[Any]]] = []
+            batch: list[tuple[ItemT, Future[ResultT]]] = []
+            total = 0
             stop = first is _STOP
             if not stop:
-                batch.append(first)
-            while len(batch) < self.max_batch:
+                batch.append(first[:2])
+                total = first[2]
+            while total < self.max_batch and not stop:
                 try:
-                    item = self._queue.get_nowait()
+                    entry = self._next(block=False)
                 except queue.Empty:
                     break
-                if item is _STOP:
+                if entry is _STOP:
                     stop = True
-                    continue
-                batch.append(item)
-            live = [(w, f) for w, f in batch if f.set_running_or_notify_cancel()]
+                    break
+                if total + entry[2] > self.max_batch:
+                    self._carry = entry
+                    break
+                batch.append(entry[:2])
+                total += entry[2]
+            live = [(item, f) for item, f in batch if f.set_running_or_notify_cancel()]
             if live:
                 self._write(live)
             if stop:
                 with self._lock:
-                    if self._queue.empty():
+                    if self._queue.empty() and self._carry is None:
                         self._thread = None
                         return
+                    self._queue.put(_STOP)  # write what came meanwhile first
 
-    def _write(self, batch: list[tuple[Callable[[Session], Any], Future[Any]]]) -> None:
-        if len(batch) > 1:
-            results: list[Any] = []
-            try:
-                with self.store.tx() as session:
-                    for work, _ in batch:
-                        results.append(work(session))
-            except BaseException as exc:  # noqa: BLE001 - every item is re-run alone below
-                _log.debug("group commit of %d items failed (%s); running them one by one", len(batch), exc)
-            else:
-                self.batches += 1
-                self.items += len(batch)
-                for (_, future), result in zip(batch, results, strict=True):
-                    future.set_result(result)
+    def _write(self, batch: list[tuple[ItemT, Future[ResultT]]]) -> None:
+        try:
+            with self.store.tx() as session:
+                outcomes = self.write_batch(session, [item for item, _ in batch])
+                if len(outcomes) != len(batch):
+                    raise RuntimeError(f"write_batch returned {len(outcomes)} outcomes for {len(batch)} items")
+        except BaseException as exc:  # noqa: BLE001 - handed to the futures, or every item is re-run alone
+            if len(batch) == 1:
+                batch[0][1].set_exception(exc)
                 return
-        for work, future in batch:
-            try:
-                with self.store.tx() as session:
-                    result = work(session)
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller through its future
-                future.set_exception(exc)
+            _log.debug("group commit of %d items failed (%s); writing them one by one", len(batch), exc)
+            for entry in batch:
+                self._write([entry])
+            return
+        self.batches += 1
+        self.items += len(batch)
+        for (_, future), outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
             else:
-                self.items += 1
-                future.set_result(result)
+                future.set_result(outcome)

@@ -1,4 +1,5 @@
-"""`broker` CLI commands of the service: ``serve``, ``submit``, ``jobs ...``, ``namespaces ...``, ``tokens ...``.
+"""`broker` CLI commands of the service: ``serve``, ``submit``, ``jobs ...``, ``namespaces ...``, ``tokens ...``,
+``queues ...``.
 
 The client commands talk to ``BROKER_URL`` with ``BROKER_TOKEN`` (see :mod:`broker.client`). The namespace
 is ``--namespace``, else ``BROKER_NAMESPACE``, else the token's own namespace, else ``default``.
@@ -176,9 +177,11 @@ def register(app: typer.Typer) -> None:
     jobs = typer.Typer(help="List, inspect, cancel jobs and read their logs.", no_args_is_help=True)
     namespaces = typer.Typer(help="Manage namespaces (admin).", no_args_is_help=True)
     tokens = typer.Typer(help="Manage API tokens (admin).", no_args_is_help=True)
+    queues = typer.Typer(help="Show and set queue disciplines and fair-share weights.", no_args_is_help=True)
     app.add_typer(jobs, name="jobs")
     app.add_typer(namespaces, name="namespaces")
     app.add_typer(tokens, name="tokens")
+    app.add_typer(queues, name="queues")
 
     @jobs.command("list")
     def jobs_list(
@@ -267,3 +270,64 @@ def register(app: typer.Typer) -> None:
         with _client() as client:
             answer = client.revoke_token(token_id)
         typer.echo(f"{answer['id']}  revoked")
+
+    @queues.command("get")
+    def queues_get(
+        namespace: Annotated[str | None, typer.Argument(help="namespace (none: the cluster setting, admin)")] = None,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Show a namespace's queue (discipline, weight, usage, dominant share), or the cluster's."""
+        with _client() as client:
+            answer = client.get_queue(namespace)
+        if as_json:
+            _print_json(answer)
+        else:
+            typer.echo(_queue_text(answer, namespace))
+
+    @queues.command("set")
+    def queues_set(
+        namespace: Annotated[str | None, typer.Argument(help="namespace (none: the cluster setting)")] = None,
+        discipline: Annotated[str | None, typer.Option(
+            "--discipline", help="fifo | priority | fair-share | edf (or default)")] = None,
+        weight: Annotated[float | None, typer.Option(
+            "--weight", help="fair-share weight of the namespace (>= 0; 0 = only leftovers)")] = None,
+        half_life: Annotated[float | None, typer.Option(
+            "--half-life", help="cluster only: half-life of fair-share usage, in seconds")] = None,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Set a namespace's discipline and/or weight, or (no NAMESPACE) the cluster discipline and/or
+        half-life (admin). Settings left out keep their value."""
+        from broker.errors import SpecError
+
+        if discipline is None and weight is None and half_life is None:
+            raise SpecError("", "nothing to set. To fix: pass --discipline, --weight or --half-life")
+        if namespace is None and weight is not None:
+            raise SpecError("weight", "a weight belongs to a namespace. To fix: broker queues set NAMESPACE "
+                            "--weight W")
+        if namespace is not None and half_life is not None:
+            raise SpecError("halfLifeSeconds", "the half-life is a cluster setting. To fix: broker queues set "
+                            "--half-life S (without a namespace)")
+        with _client() as client:
+            answer = client.set_queue(namespace, discipline=discipline, weight=weight, half_life_seconds=half_life)
+        if as_json:
+            _print_json(answer)
+        else:
+            typer.echo(_queue_text(answer, namespace))
+
+
+def _queue_text(answer: dict[str, Any], namespace: str | None) -> str:
+    """The human form of a queue answer of the API (namespace or cluster)."""
+    if namespace is None:
+        lines = [f"cluster  discipline {answer['discipline']}  half-life {answer['halfLifeSeconds']:g}s"]
+        for ns, setting in answer.get("namespaces", {}).items():
+            lines.append(f"{ns}  discipline {setting['discipline']}  weight {setting['weight']:g}")
+        return "\n".join(lines)
+    share = answer.get("dominantShare") or {}
+    usage = answer.get("usage") or {}
+    return (
+        f"{answer['namespace']}  discipline {answer['discipline']}"
+        f"{'' if answer.get('configured') else ' (cluster default)'}  weight {answer['weight']:g}\n"
+        f"usage  {usage.get('cpu_hours', 0):.3g} cpu-h  {usage.get('memory_gib_hours', 0):.3g} GiB-h  "
+        f"{usage.get('gpu_hours', 0):.3g} gpu-h  dominant share {share.get('share', 0):.3g} "
+        f"({share.get('resource') or '-'})"
+    )
