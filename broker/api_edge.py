@@ -77,6 +77,8 @@ def enroll(
     settings: Annotated[Settings, Depends(get_settings)],
     clock: Annotated[Clock, Depends(get_clock)],
 ) -> dict[str, Any]:
+    """Enroll a device: a one-time enrollment token and the device's CSR -> its short-lived certificate
+    (CN = device id), the CA and the MQTT endpoint. The token is the credential; it works once."""
     try:
         dev, pem = devices.enroll_device(session, ca, body.token, body.csr_pem, now=clock.now())
     except (SpecError, ConflictError) as exc:
@@ -93,6 +95,8 @@ def renew(
     ca: Annotated[pki.CertificateAuthority, Depends(get_ca)],
     clock: Annotated[Clock, Depends(get_clock)],
 ) -> dict[str, Any]:
+    """Renew a device certificate before it expires: the current certificate, a new CSR and a signature
+    by the current key prove the caller is the device. Revoked devices are refused."""
     try:
         pem = devices.renew_device(session, ca, body.cert_pem, body.csr_pem, body.sig, now=clock.now())
     except SpecError as exc:
@@ -106,12 +110,14 @@ def crl(
     ca: Annotated[pki.CertificateAuthority, Depends(get_ca)],
     clock: Annotated[Clock, Depends(get_clock)],
 ) -> Response:
+    """The broker CA's certificate revocation list (PEM), for Mosquitto's ``crlfile`` and for devices."""
     pem = ca.crl(devices.revoked_serials(session), now=clock.now())
     return Response(content=pem, media_type="application/pkix-crl")
 
 
 @router.get("/v1/edge/probe")
 def probe(nbytes: Annotated[int, Query(alias="bytes", ge=1, le=16 << 20)] = 1 << 20) -> Response:
+    """A payload of ``bytes`` zero bytes (at most 16 MiB) that agents download to measure their link bandwidth."""
     return Response(content=b"\0" * nbytes, media_type="application/octet-stream")
 
 
@@ -122,6 +128,7 @@ def create_token(
     clock: Annotated[Clock, Depends(get_clock)],
     _admin: Annotated[Any, Depends(require_admin)],
 ) -> dict[str, Any]:
+    """Issue a one-time, expiring enrollment token for a namespace (admin). Only its hash is stored."""
     now = clock.now()
     try:
         token = devices.create_enroll_token(session, body.namespace, now=now, ttl_seconds=body.ttl_seconds)
@@ -138,6 +145,7 @@ def list_devices(
     _admin: Annotated[Any, Depends(require_admin)],
     namespace: str | None = None,
 ) -> dict[str, Any]:
+    """The device registry (admin): last seen, online/offline, capacity, link quality, agent version."""
     now = clock.now()
     return {"devices": [devices.device_view(d, now) for d in devices.list_devices(session, namespace=namespace)]}
 
@@ -150,6 +158,7 @@ def revoke(
     clock: Annotated[Clock, Depends(get_clock)],
     _admin: Annotated[Any, Depends(require_admin)],
 ) -> dict[str, Any]:
+    """Revoke a device (admin): its certificate goes on the CRL that Mosquitto and the gateway check."""
     now = clock.now()
     try:
         dev = devices.revoke_device(session, ca, device_id, now=now, reason="revoked via API")
