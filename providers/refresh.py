@@ -36,38 +36,38 @@ def _csv(value: str | None) -> list[str] | None:
     return items or None
 
 
+# Adapter option <- environment variable, per provider: (variable, option, is a comma list). The CA bundle
+# option names differ by SDK, so it is listed per provider too.
+_ENV_OPTIONS: Mapping[str, tuple[tuple[str, str, bool], ...]] = {
+    "aws": (
+        ("BROKER_AWS_REGIONS", "regions", True),
+        ("BROKER_AWS_ENDPOINT_URL", "endpoint_url", False),
+        ("BROKER_AWS_PRICE_LIST_URL", "price_list_url", False),
+    ),
+    "azure": (
+        ("BROKER_AZURE_REGIONS", "regions", True),
+        ("BROKER_AZURE_BASE_URL", "base_url", False),
+        ("BROKER_AZURE_PRICES_URL", "prices_url", False),
+        ("BROKER_CA_BUNDLE", "connection_verify", False),
+    ),
+    "gcp": (
+        ("BROKER_GCP_ZONES", "zones", True),
+        ("BROKER_GCP_ENDPOINT", "endpoint", False),
+        ("BROKER_GCP_BILLING_URL", "billing_url", False),
+        ("BROKER_GCP_TOKEN_CACHE", "token_cache", False),
+        ("BROKER_CA_BUNDLE", "ca_bundle", False),
+    ),
+}
+
+
 def options_from_env(name: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Adapter options for provider ``name`` read from ``BROKER_<NAME>_*`` variables (unset ones omitted)."""
     e = os.environ if env is None else env
     opts: dict[str, Any] = {}
-    ca = e.get("BROKER_CA_BUNDLE")
-    if name == "aws":
-        if regions := _csv(e.get("BROKER_AWS_REGIONS")):
-            opts["regions"] = regions
-        if url := e.get("BROKER_AWS_ENDPOINT_URL"):
-            opts["endpoint_url"] = url
-        if url := e.get("BROKER_AWS_PRICE_LIST_URL"):
-            opts["price_list_url"] = url
-    elif name == "azure":
-        if regions := _csv(e.get("BROKER_AZURE_REGIONS")):
-            opts["regions"] = regions
-        if url := e.get("BROKER_AZURE_BASE_URL"):
-            opts["base_url"] = url
-        if url := e.get("BROKER_AZURE_PRICES_URL"):
-            opts["prices_url"] = url
-        if ca:
-            opts["connection_verify"] = ca
-    elif name == "gcp":
-        if zones := _csv(e.get("BROKER_GCP_ZONES")):
-            opts["zones"] = zones
-        if url := e.get("BROKER_GCP_ENDPOINT"):
-            opts["endpoint"] = url
-        if url := e.get("BROKER_GCP_BILLING_URL"):
-            opts["billing_url"] = url
-        if path := e.get("BROKER_GCP_TOKEN_CACHE"):
-            opts["token_cache"] = path
-        if ca:
-            opts["ca_bundle"] = ca
+    for variable, option, is_list in _ENV_OPTIONS.get(name, ()):
+        value: Any = _csv(e.get(variable)) if is_list else (e.get(variable) or None)
+        if value:
+            opts[option] = value
     return opts
 
 
