@@ -15,9 +15,10 @@ from typing import Any
 
 from broker.errors import SpecError
 
-__all__ = ["Settings", "load_settings", "DEFAULT_PROVIDERS"]
+__all__ = ["Settings", "load_settings", "DEFAULT_PROVIDERS", "GANG_POLICIES", "parse_load_balancing"]
 
 DEFAULT_PROVIDERS: tuple[str, ...] = ("onprem", "aws", "azure", "gcp")
+GANG_POLICIES: tuple[str, ...] = ("pack", "spread")  # BROKER_GANG_SPREAD (policies.gang.PACK / SPREAD)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,15 @@ class Settings:
     scheduler_enabled: bool = True
     scheduler_batch: int = 500
     max_burst_jobs: int = 10_000
+    # --- gang jobs and load balancing (policies.gang, policies.loadbalance) ---
+    gang_spread: str = "pack"
+    load_balancing: str = "least-loaded"
+    load_balancing_tolerance: float = 0.01
+
+    @property
+    def load_balancing_weights(self) -> dict[str, float]:
+        """Plugin weights of ``load_balancing`` (see :func:`parse_load_balancing`); empty = off."""
+        return parse_load_balancing(self.load_balancing)
 
     @property
     def effective_database_url(self) -> str:
@@ -77,6 +87,53 @@ def _number(env: Mapping[str, str], key: str, default: float, *, integer: bool =
         raise SpecError(key, f"must be {kind}, got {raw!r}. To fix: set {key} to {kind}") from None
     if value <= 0:
         raise SpecError(key, f"must be positive, got {raw!r}. To fix: set {key} to a positive value")
+    return value
+
+
+def parse_load_balancing(value: str, key: str = "BROKER_LOAD_BALANCING") -> dict[str, float]:
+    """``none`` -> ``{}``; ``least-loaded`` -> ``{"least-loaded": 1.0}``; a comma list of ``name[:weight]``
+    (``least-loaded:1,performance:2``) -> those weights. Names are the plugins of
+    :data:`policies.loadbalance.SCORERS`; anything else raises :class:`SpecError` naming ``key``."""
+    from policies.loadbalance import SCORERS
+
+    text = value.strip().lower()
+    if text in ("", "none", "off"):
+        return {}
+    weights: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, _, raw = part.partition(":")
+        name = name.strip()
+        if name not in SCORERS:
+            raise SpecError(key, f"unknown load-balancing plugin {name!r}. To fix: use none or one of "
+                                 f"{', '.join(sorted(SCORERS))} (optionally name:weight, comma-separated)")
+        try:
+            weight = float(raw) if raw.strip() else 1.0
+        except ValueError:
+            raise SpecError(key, f"weight {raw!r} of {name} is not a number. To fix: write {name}:2") from None
+        if weight < 0:
+            raise SpecError(key, f"weight of {name} must be >= 0, got {raw!r}. To fix: use a non-negative weight")
+        weights[name] = weight
+    return weights
+
+
+def _choice(env: Mapping[str, str], key: str, default: str, allowed: tuple[str, ...]) -> str:
+    raw = (env.get(key) or default).strip().lower()
+    if raw not in allowed:
+        raise SpecError(key, f"must be one of {', '.join(allowed)}, got {raw!r}. To fix: set {key} to one of them")
+    return raw
+
+
+def _ratio(env: Mapping[str, str], key: str, default: float) -> float:
+    raw = env.get(key)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw.strip().rstrip("%")) / (100.0 if raw.strip().endswith("%") else 1.0)
+    except ValueError:
+        raise SpecError(key, f"must be a number like 0.01 or 1%, got {raw!r}. To fix: set {key} so") from None
+    if not 0.0 <= value < 1.0:
+        raise SpecError(key, f"must be in [0, 1) (a fraction of the cheapest total), got {raw!r}. "
+                             f"To fix: set {key} to e.g. 0.01")
     return value
 
 
@@ -112,5 +169,14 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         ca_key_file=_path(env.get("BROKER_CA_KEY_FILE")) or ca_dir / "ca.key",
         log_level=(env.get("BROKER_LOG_LEVEL") or "INFO").upper(),
         dry_run_speedup=_number(env, "BROKER_DRY_RUN_SPEEDUP", 1.0),
+        gang_spread=_choice(env, "BROKER_GANG_SPREAD", "pack", GANG_POLICIES),
+        load_balancing=env.get("BROKER_LOAD_BALANCING") or "least-loaded",
+        load_balancing_tolerance=_ratio(env, "BROKER_LOAD_BALANCING_TOLERANCE", 0.01),
     )
-    return settings.with_overrides(**overrides)
+    parse_load_balancing(settings.load_balancing)  # refuse a bad value at start, naming the key
+    settings = settings.with_overrides(**overrides)
+    if settings.gang_spread not in GANG_POLICIES:
+        raise SpecError("BROKER_GANG_SPREAD", f"must be one of {', '.join(GANG_POLICIES)}, got "
+                                              f"{settings.gang_spread!r}. To fix: use pack or spread")
+    parse_load_balancing(settings.load_balancing)
+    return settings

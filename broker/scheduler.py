@@ -15,10 +15,17 @@ and logged at DEBUG:
    option meeting the deadline (its premium over the cheapest option is recorded); an on-prem-only job
    that finds no room may **preempt** lower-priority on-prem runs (:func:`policies.preemption.find_victims`;
    SIGTERM with a grace period so they checkpoint; RUNNING -> PENDING ``Preempted by <job>``).
+   **Gangs** (``nodes: N``) get all N or nothing (:func:`policies.gang.place_gang`): over on-prem hosts
+   (one site with ``sameZone``), else one cloud launch of N in one zone (``sameZone``) or spread over
+   zones (``BROKER_GANG_SPREAD``). **Load balancing**: among options equivalent in total cost (within
+   ``BROKER_LOAD_BALANCING_TOLERANCE``) the plugin of ``BROKER_LOAD_BALANCING`` picks
+   (:func:`policies.loadbalance.choose_pool`, fed from the store); the choice is in the PLACED event.
    PENDING -> PLACED -> PROVISIONING with one bulk insert of decision records, in one transaction per
    batch. Nothing feasible anywhere -> FAILED.
 5. **provision**: :func:`providers.failover.provision` over the chosen option and its alternatives;
-   PROVISIONING -> RUNNING, or BACKOFF (retryable, within ``backoffLimit``) / FAILED.
+   PROVISIONING -> RUNNING, or BACKOFF (retryable, within ``backoffLimit``) / FAILED. A gang over several
+   hosts or zones is one launch per part (all tagged with the job's request id); fewer than N instances,
+   or a part failing, terminates everything launched for it and backs off.
 6. **poll**: running instances' states -> SUCCEEDED / FAILED / BACKOFF (retry) and terminate leftovers
    (edge jobs: their device task states from the store, :meth:`broker.edge_provider.EdgeRunner.sweep`);
    with the terminal transition, in its transaction: the decision record's outcome, the budget ledger's
@@ -61,6 +68,10 @@ from broker.model import (
     RetryPolicy,
 )
 from broker.store import AttemptRow, JobRow, utc
+from policies.gang import SPREAD, GangPlacement, Slot, place_gang
+from policies.loadbalance import Context as LBContext
+from policies.loadbalance import Pool as LBPool
+from policies.loadbalance import choose_pool
 from policies.queueing import UsageVector
 from policies.workload import Resources, Workload
 
@@ -270,6 +281,29 @@ def _run_cost(placement_json: str | None, hours: float, nodes: int) -> float:
         return 0.0
 
 
+# --- gang jobs and load balancing --------------------------------------------------------------------
+ZONE_CACHE_SECONDS = 600.0  # how long the zones a provider's offers list are reused
+LB_HISTORY_RUNS = 50  # measured runtimes per pool the performance/predictive plugins read
+
+
+def _pool_name(option: PlacementOption) -> str:
+    """The load-balancing pool of an option: ``onprem:<host>`` for an on-prem host, else
+    ``<provider>:<region>`` (the ``provider``/``region`` columns of the jobs table)."""
+    return f"onprem:{option.instance_type}" if option.provider == "onprem" else f"{option.provider}:{option.region}"
+
+
+def _nodes_that_fit(free: dict[str, float] | None, request: Request) -> int:
+    """How many nodes of ``request`` a host with ``free`` capacity holds now (0 for an unknown host)."""
+    if free is None:
+        return 0
+    n = float("inf")
+    for want, have in ((request.vcpus, free["vcpus"]), (request.memory_gib, free["memory_gib"]),
+                       (float(request.gpus), free["gpus"])):
+        if want > 0:
+            n = min(n, (have + 1e-9) // want)
+    return int(max(0.0, min(n, 10_000.0)))
+
+
 def _option_json(option: PlacementOption) -> str:
     d = option.to_dict()
     d["site"] = option.site
@@ -316,6 +350,20 @@ class Scheduler:
         self._preempted = 0
         self._cycle_now: datetime = self.clock.now()
         self._cycle_extra: list[Offer] = []
+        # --- gang jobs and load balancing (BROKER_GANG_SPREAD, BROKER_LOAD_BALANCING[_TOLERANCE]) ---
+        settings = state.settings
+        self.gang_policy: str = settings.gang_spread
+        self.load_balancing: dict[str, float] = settings.load_balancing_weights
+        self.load_balancing_tolerance: float = settings.load_balancing_tolerance
+        self._rr_last: dict[tuple[str, ...], str] = {}  # round-robin cursor per group of pools (per process)
+        self._zones: dict[str, tuple[float, list[Offer]]] = {}  # provider -> (when, its zone-level offers)
+        # Per cycle only: gang plans of placed jobs (step 4 -> 5), event data per job, active jobs and
+        # measured runtimes per pool (read from the store once per cycle).
+        self._gang_plans: dict[str, list[tuple[PlacementOption, int]]] = {}
+        self._notes: dict[str, dict[str, Any]] = {}
+        self._lb_running: dict[str, int] | None = None
+        self._lb_runtimes: dict[str, list[float]] = {}
+        # --- end gang / load balancing ---
 
     # ------------------------------------------------------------------------------ loop and leadership
 
@@ -404,6 +452,7 @@ class Scheduler:
             report = CycleReport()
             now = self.clock.now()
             self._placements, self._alerts, self._preempted = {}, [], 0
+            self._gang_plans, self._notes, self._lb_running, self._lb_runtimes = {}, {}, None, {}
 
             t0 = time.perf_counter()
             heads, failed_parse = self._heads(now)
@@ -627,19 +676,36 @@ class Scheduler:
         cloud = [o for o in ranked if o.provider != "onprem"]
         options: list[PlacementOption] | None = None
         why = WAIT_ONPREM
-        for opt in onprem:
-            finish = opt.finish_hours or (opt.transfer_hours + request.duration_hours)
-            if hours_left is not None and finish > hours_left:
-                continue
-            if snapshot.fits(opt.instance_type, request.vcpus * nodes, request.memory_gib * nodes,
-                             request.gpus * nodes):
-                snapshot.reserve(opt.instance_type, request.vcpus * nodes, request.memory_gib * nodes,
-                                 request.gpus * nodes)
-                options, why = [opt] + cloud, "on-prem has room"
-                break
+        self._gang_plans.pop(job.id, None)
+        self._notes.pop(job.id, None)
+        in_time = [o for o in onprem if hours_left is None
+                   or (o.finish_hours or (o.transfer_hours + request.duration_hours)) <= hours_left]
+        fitting = [o for o in in_time if snapshot.fits(o.instance_type, request.vcpus * nodes,
+                                                       request.memory_gib * nodes, request.gpus * nodes)]
+        if nodes > 1 and self.gang_policy == SPREAD:
+            fitting = []  # a spread gang goes over sites (zones) below, not onto one host
+        # --- load balancing: the plugin picks among equivalent on-prem hosts / cloud pools ---
+        fitting, lb_onprem = self._balance(job, fitting, snapshot)
+        for opt in fitting[:1]:
+            snapshot.reserve(opt.instance_type, request.vcpus * nodes, request.memory_gib * nodes,
+                             request.gpus * nodes)
+            options, why = [opt] + cloud, "on-prem has room" + (f"; {lb_onprem}" if lb_onprem else "")
+        # --- gang: N nodes over several on-prem hosts (one site with sameZone), all or nothing ---
+        if options is None and nodes > 1 and in_time:
+            gang, gang_why = self._gang_onprem(job, in_time, snapshot)
+            if gang is not None:
+                options, why = [gang] + cloud, f"on-prem has room: {gang_why}"
+        gang_fail = ""
         if options is None and cloud:
-            options = cloud
-            why = "on-prem full: burst to cloud" if onprem else "cheapest cloud placement"
+            cloud, lb_cloud = self._balance(job, cloud, snapshot)
+            cloud, gang_fail = self._gang_cloud(job, cloud)  # gang: one zone (sameZone) or spread
+            if cloud:
+                options = cloud
+                why = "on-prem full: burst to cloud" if onprem else "cheapest cloud placement"
+                why += "".join(f"; {n}" for n in (lb_cloud, gang_fail) if n)
+        if options is None and gang_fail and not onprem:
+            return result, [], gang_fail
+        # --- end gang / load balancing ---
         if options is None:
             return result, None, why
         if request.deadline is not None:
@@ -648,6 +714,304 @@ class Scheduler:
                 why = f"{why}; {note}"
                 result = dataclasses.replace(result, explanation=f"{result.explanation} {note}".strip())
         return result, options, why
+
+    # 4a: gang jobs and load balancing -------------------------------------------------------------------
+    def _balance(self, job: QueuedJob, candidates: list[PlacementOption], snapshot: Snapshot
+                 ) -> tuple[list[PlacementOption], str]:
+        """``candidates`` with the load-balancing choice first, and a note for the PLACED event ("" when
+        nothing was balanced). The group is the candidates whose ``total_usd`` is within
+        :attr:`load_balancing_tolerance` of the first's, one per pool (:func:`_pool_name`); with two or more
+        pools, :func:`policies.loadbalance.choose_pool` scores them with :attr:`load_balancing` weights over
+        the active jobs per pool and the measured runtimes per pool (both from the store). Equal scores keep
+        the placement's rank order."""
+        weights = self.load_balancing
+        if not weights or len(candidates) < 2:
+            return candidates, ""
+        first = candidates[0]
+        slack = abs(first.total_usd) * self.load_balancing_tolerance + 1e-9
+        by_pool: dict[str, PlacementOption] = {}
+        for o in candidates:
+            if abs(o.total_usd - first.total_usd) <= slack:
+                by_pool.setdefault(_pool_name(o), o)
+        if len(by_pool) < 2:
+            return candidates, ""
+        running = self._lb_load()
+        uses_history = any(w and n in ("performance", "predictive") for n, w in weights.items())
+        runtimes = self._lb_history(list(by_pool)) if uses_history else {}
+        busiest = max(running.get(n, 0) for n in by_pool)
+        pools = []
+        for name, o in by_pool.items():
+            run = running.get(name, 0)
+            if o.provider == "onprem":  # a host: what runs there plus how many more of this job fit
+                slots = run + _nodes_that_fit(snapshot.onprem_free.get(o.instance_type), job.request)
+            else:  # a cloud region has no fixed size: equal slots, so fewer active jobs score higher
+                slots = busiest + 1
+            pools.append(LBPool(name, slots=max(1, slots), running=run))
+        group = tuple(sorted(by_pool))
+        choice = choose_pool(LBContext(pools, runtimes_hours=runtimes, last=self._rr_last.get(group)), weights)
+        best = max(choice.scores.values())
+        chosen = next(n for n in by_pool if choice.scores.get(n, float("-inf")) >= best - 1e-9)
+        label = ", ".join(n if w == 1 else f"{n}:{w:g}" for n, w in sorted(weights.items()) if w)
+        scores = ", ".join(f"{n} {choice.scores.get(n, 0.0):g} ({running.get(n, 0)} active)" for n in by_pool)
+        note = (f"load balancing ({label}) among {len(by_pool)} options within "
+                f"{self.load_balancing_tolerance:.1%} of ${first.total_usd:.4f}: chose {chosen}; scores {scores}")
+        self._notes.setdefault(job.id, {})["load_balancing"] = {
+            "plugins": dict(weights), "chosen": chosen, "group": list(group),
+            "scores": {n: choice.scores.get(n, 0.0) for n in by_pool},
+            "active": {n: running.get(n, 0) for n in by_pool}, "tolerance": self.load_balancing_tolerance,
+        }
+        pick = by_pool[chosen]
+        return [pick] + [o for o in candidates if o is not pick], note
+
+    def _lb_took(self, job_id: str, option: PlacementOption) -> None:
+        """A job was placed on ``option`` this cycle: count it as active and move the round-robin cursor."""
+        if self._lb_running is not None:
+            name = _pool_name(option)
+            self._lb_running[name] = self._lb_running.get(name, 0) + 1
+        lb = self._notes.get(job_id, {}).get("load_balancing")
+        if lb is not None and lb["chosen"] == _pool_name(option):
+            self._rr_last[tuple(lb["group"])] = lb["chosen"]
+
+    def _lb_load(self) -> dict[str, int]:
+        """Active (placed, provisioning, running) jobs per pool, read from the store once per cycle."""
+        if self._lb_running is None:
+            counts: dict[str, int] = {}
+            with self.store.read() as session:
+                for prov, region, n in session.execute(
+                    sa.select(_jobs.c.provider, _jobs.c.region, sa.func.count())
+                    .where(_jobs.c.state.in_(ACTIVE_STATES), _jobs.c.provider != "onprem")
+                    .group_by(_jobs.c.provider, _jobs.c.region)
+                ):
+                    counts[f"{prov}:{region}"] = int(n)
+                for (text,) in session.execute(
+                    sa.select(_jobs.c.placement_json)
+                    .where(_jobs.c.state.in_(ACTIVE_STATES), _jobs.c.provider == "onprem")
+                ):
+                    host = self._placed_host(text)
+                    if host:
+                        counts[f"onprem:{host}"] = counts.get(f"onprem:{host}", 0) + 1
+            self._lb_running = counts
+        return self._lb_running
+
+    @staticmethod
+    def _placed_host(placement_json: str | None) -> str | None:
+        try:
+            return str(json.loads(placement_json or "{}").get("instance_type") or "") or None
+        except (ValueError, AttributeError):
+            return None
+
+    def _lb_history(self, pools: list[str]) -> dict[str, list[float]]:
+        """Measured runtimes (hours, oldest first) of the last :data:`LB_HISTORY_RUNS` SUCCEEDED jobs per
+        pool, from the store (``finished_at - started_at``), cached for the cycle."""
+        missing = [p for p in pools if p not in self._lb_runtimes]
+        if missing:
+            with self.store.read() as session:
+                for pool in missing:
+                    provider, _, where = pool.partition(":")
+                    stmt = (sa.select(_jobs.c.started_at, _jobs.c.finished_at, _jobs.c.placement_json)
+                            .where(_jobs.c.state == JobState.SUCCEEDED.value, _jobs.c.provider == provider,
+                                   _jobs.c.started_at.is_not(None), _jobs.c.finished_at.is_not(None))
+                            .order_by(_jobs.c.finished_at.desc()))
+                    if provider == "onprem":
+                        rows = [r for r in session.execute(stmt.limit(LB_HISTORY_RUNS * 20))
+                                if self._placed_host(r.placement_json) == where][:LB_HISTORY_RUNS]
+                    else:
+                        rows = list(session.execute(stmt.where(_jobs.c.region == where).limit(LB_HISTORY_RUNS)))
+                    self._lb_runtimes[pool] = [
+                        max(0.0, (utc(r.finished_at) - utc(r.started_at)).total_seconds() / 3600.0)
+                        for r in reversed(rows)
+                    ]
+        return {p: self._lb_runtimes[p] for p in pools if self._lb_runtimes.get(p)}
+
+    def _gang_onprem(self, job: QueuedJob, in_time: list[PlacementOption], snapshot: Snapshot
+                     ) -> tuple[PlacementOption | None, str]:
+        """All N nodes of a gang over the on-prem hosts' free capacity (:func:`policies.gang.place_gang`,
+        one site when ``sameZone``; ``pack`` or ``spread`` over sites by :attr:`gang_policy`), or
+        ``(None, reason)``. Hosts count only at sites placement found feasible (``in_time``: their cost,
+        transfer and deadline are known). Books the capacity in ``snapshot`` and keeps the plan for step 5;
+        returns the option stored as the job's placement (the first host, priced at the gang's mean)."""
+        pool = self.state.providers.get("onprem")
+        if pool is None:
+            return None, ""
+        request = job.request
+        nodes = max(1, request.nodes)
+        templates: dict[str, PlacementOption] = {}
+        for o in in_time:
+            templates.setdefault(o.region, o)
+        slots: list[Slot] = []
+        for offer in pool.offers():
+            it, site = offer.instance_type, offer.location.region
+            if site not in templates or it.gpus < request.gpus or it.arch != request.arch:
+                continue
+            if request.accelerator and (it.accelerator or "").lower() != request.accelerator.lower():
+                continue
+            n = min(nodes, _nodes_that_fit(snapshot.onprem_free.get(it.name), request))
+            if n > 0:
+                slots.append(Slot("onprem", site, it.name, offer.hourly_usd, n, None, it.interconnect, it.gpus))
+        got = place_gang(nodes, slots, same_zone=request.same_zone, interconnect=request.interconnect,
+                         policy=self.gang_policy)
+        if not isinstance(got, GangPlacement):
+            return None, got
+        plan: list[tuple[PlacementOption, int]] = []
+        hours = request.duration_hours
+        for slot, n in got.assignments:
+            t = templates[slot.region]
+            plan.append((dataclasses.replace(
+                t, instance_type=slot.instance_type, hourly_usd=slot.hourly_usd,
+                compute_usd=slot.hourly_usd * n * (hours + t.transfer_hours),
+                total_usd=slot.hourly_usd * n * (hours + t.transfer_hours) + t.egress_usd), n))
+            snapshot.reserve(slot.instance_type, request.vcpus * n, request.memory_gib * n, request.gpus * n)
+        first = plan[0][0]
+        compute = got.hourly_usd * (hours + first.transfer_hours)
+        summary = dataclasses.replace(first, hourly_usd=got.hourly_usd / nodes, compute_usd=compute,
+                                      total_usd=compute + first.egress_usd)
+        if len(plan) > 1:
+            self._gang_plans[job.id] = plan
+        parts = ", ".join(f"{o.instance_type} x{n}" for o, n in plan)
+        self._notes.setdefault(job.id, {})["gang"] = [
+            {"provider": o.provider, "region": o.region, "zone": o.zone, "instance_type": o.instance_type,
+             "nodes": n} for o, n in plan]
+        return summary, f"gang of {nodes} on {parts} ({got.explanation})"
+
+    def _zone_offers(self, provider: str) -> list[Offer]:
+        """The zone-level offers of ``provider`` (its ``offers()``, cached :data:`ZONE_CACHE_SECONDS`)."""
+        hit = self._zones.get(provider)
+        if hit is not None and time.monotonic() - hit[0] < ZONE_CACHE_SECONDS:
+            return hit[1]
+        try:
+            offers = [o for o in self.state.get_provider(provider).offers() if o.location.zone]
+        except Exception as exc:  # noqa: BLE001 - no zones known is a placement answer, not a crash
+            log.warning("listing the offers of %s for zones failed: %s", provider, exc)
+            offers = []
+        self._zones[provider] = (time.monotonic(), offers)
+        return offers
+
+    def _zone_slots(self, option: PlacementOption, nodes: int) -> list[Slot]:
+        """One slot of ``nodes`` per zone the provider offers ``option``'s type in its region (else any zone
+        it lists in that region), priced from those offers (else the option's price)."""
+        offers = [o for o in self._zone_offers(option.provider) if o.region == option.region]
+        same = [o for o in offers if o.instance_type.name == option.instance_type
+                and o.capacity.value == option.capacity]
+        price: dict[str, float] = {}
+        for o in same or offers:
+            z = o.location.zone or ""
+            price[z] = min(price.get(z, float("inf")), o.hourly_usd if same else option.hourly_usd)
+        return [Slot(option.provider, option.region, option.instance_type, p, nodes, z)
+                for z, p in sorted(price.items())]
+
+    def _gang_cloud(self, job: QueuedJob, cloud: list[PlacementOption]) -> tuple[list[PlacementOption], str]:
+        """Cloud options for a gang (unchanged for one node): with ``sameZone`` each keeps or gets a zone
+        (from a zone-level offer, or the cheapest zone the provider lists; options with no known zone are
+        dropped, and none left returns ``([], "GangUnschedulable: ...")``); with ``spread`` the first option
+        is split over the zones of its region, one launch per zone (kept for step 5)."""
+        request = job.request
+        nodes = max(1, request.nodes)
+        if nodes <= 1 or not cloud:
+            return cloud, ""
+        if request.same_zone:
+            out: list[PlacementOption] = []
+            unknown: list[str] = []
+            for o in cloud:
+                if o.zone:
+                    out.append(o)
+                    continue
+                got = place_gang(nodes, self._zone_slots(o, nodes), same_zone=True)
+                if isinstance(got, GangPlacement):
+                    out.append(dataclasses.replace(o, zone=got.assignments[0][0].zone))
+                elif f"{o.provider}:{o.region}" not in unknown:
+                    unknown.append(f"{o.provider}:{o.region}")
+            if not out:
+                return [], (f"GangUnschedulable: needs {nodes} nodes in one zone, but no zone is known for "
+                            f"{', '.join(unknown[:5])}. To fix: load a catalog with zones (BROKER_CATALOG_DIR), "
+                            "use a provider that lists its zones, or drop placement.sameZone")
+            self._notes.setdefault(job.id, {})["gang"] = [
+                {"provider": out[0].provider, "region": out[0].region, "zone": out[0].zone,
+                 "instance_type": out[0].instance_type, "nodes": nodes}]
+            return out, f"gang of {nodes} in one zone ({out[0].provider}:{out[0].zone})"
+        if self.gang_policy != SPREAD:
+            return cloud, ""
+        first = cloud[0]
+        got = place_gang(nodes, self._zone_slots(first, nodes), policy=SPREAD)
+        if not isinstance(got, GangPlacement) or len(got.zones) < 2:
+            return cloud, f"gang of {nodes} in one launch (fewer than two zones known to spread over)"
+        plan = [(dataclasses.replace(first, zone=slot.zone), n) for slot, n in got.assignments]
+        self._gang_plans[job.id] = plan
+        self._notes.setdefault(job.id, {})["gang"] = [
+            {"provider": o.provider, "region": o.region, "zone": o.zone, "instance_type": o.instance_type,
+             "nodes": n} for o, n in plan]
+        return cloud, f"gang of {nodes} spread over {', '.join(f'{o.zone} x{n}' for o, n in plan)}"
+
+    def _launch_gang(self, job: QueuedJob, request_id: str, plan: list[tuple[PlacementOption, int]],
+                     stored: PlacementOption) -> Any:
+        """Launch a gang's parts (one launch per host or zone, request ids ``<request>.g<k>``, every instance
+        tagged ``hb-request=<request>``). A part that fails or returns fewer nodes than asked terminates
+        everything launched for the request and returns the error (retryable: the job backs off)."""
+        from broker.errors import CapacityError
+        from providers.base import offer_from_option
+        from providers.errors import map_exception
+        from providers.failover import ProvisionOutcome
+
+        tags = {TAG_JOB: job.id, TAG_NAMESPACE: job.namespace, TAG_REQUEST: request_id}
+        got: list[Instance] = []
+        attempts: list[Attempt] = []
+        for k, (opt, n) in enumerate(plan):
+            def attempt(outcome: str, message: str, retryable: bool = False, o: PlacementOption = opt) -> Attempt:
+                return Attempt(provider=o.provider, region=o.region, instance_type=o.instance_type,
+                               capacity=o.capacity, outcome=outcome, message=message, at=self.clock.now(),
+                               retryable=retryable)
+            err: ProviderError | None = None
+            try:
+                part = self.state.get_provider(opt.provider).launch(
+                    offer_from_option(opt), n, f"{request_id}.g{k}", tags=tags, job=job.spec)
+                got.extend(part)
+                if len(part) < n:
+                    err = CapacityError(f"GangUnschedulable: {opt.provider}:{opt.region} gave {len(part)} of {n} "
+                                        f"nodes of part {k + 1}/{len(plan)}. To fix: wait; the job retries",
+                                        provider=opt.provider, region=opt.region, request_id=request_id)
+            except Exception as raw:  # noqa: BLE001 - adapters should map, but never trust it
+                err = map_exception(raw, opt.provider, opt.region, request_id) or ProviderError(
+                    f"{opt.provider}:{opt.region}: unexpected {type(raw).__name__}: {raw}",
+                    provider=opt.provider, region=opt.region, request_id=request_id)
+            if err is not None:
+                attempts.append(attempt(err.kind, f"gang part {k + 1}/{len(plan)}: {err}", err.retryable))
+                self._abandon_gang(plan, request_id, got)
+                return ProvisionOutcome(instances=[], option=None, attempts=attempts, error=err)
+            attempts.append(attempt("launched", f"gang part {k + 1}/{len(plan)}: {len(part)} instance(s): "
+                                    + ", ".join(i.id for i in part)))
+        return ProvisionOutcome(instances=got, option=stored, attempts=attempts, error=None)
+
+    def _abandon_gang(self, plan: list[tuple[PlacementOption, int]], request_id: str, got: list[Instance]) -> None:
+        """Terminate what a gang launched: the instances returned, and any tagged with its request id."""
+        from providers.base import TAG_REQUEST as REQUEST_TAG
+
+        for provider in dict.fromkeys(o.provider for o, _ in plan):
+            ids = {i.id for i in got if i.provider == provider}
+            try:
+                ids |= {i.id for i in self.state.get_provider(provider).instances({REQUEST_TAG: request_id})
+                        if i.state not in (InstanceState.TERMINATED, InstanceState.SUCCEEDED, InstanceState.FAILED)}
+            except Exception as exc:  # noqa: BLE001 - reconciliation catches leftovers by tag
+                log.warning("listing %s for a gang's leftovers failed: %s", provider, exc)
+            if ids:
+                self.state.terminate_instances(provider, sorted(ids), f"{request_id}:partial-gang")
+
+    def _whole_gang(self, job: QueuedJob, request_id: str, outcome: Any) -> Any:
+        """``outcome`` unless it launched fewer than the job's N nodes: then those are terminated and the
+        outcome is a retryable ``GangUnschedulable`` capacity error (never a partial gang running)."""
+        nodes = max(1, job.request.nodes)
+        if not outcome.ok or len(outcome.instances) >= nodes:
+            return outcome
+        from broker.errors import CapacityError
+        from providers.failover import ProvisionOutcome
+
+        opt = outcome.option
+        self._abandon_gang([(opt, nodes)], request_id, outcome.instances)
+        err = CapacityError(f"GangUnschedulable: {opt.provider}:{opt.region} launched {len(outcome.instances)} of "
+                            f"{nodes} nodes; terminated them. To fix: wait; the job retries",
+                            provider=opt.provider, region=opt.region, request_id=request_id)
+        short = Attempt(provider=opt.provider, region=opt.region, instance_type=opt.instance_type,
+                        capacity=opt.capacity, outcome=err.kind, message=str(err), at=self.clock.now(),
+                        retryable=True)
+        return ProvisionOutcome(instances=[], option=None, attempts=[*outcome.attempts, short], error=err)
 
     # 4b: preemption ---------------------------------------------------------------------------------
     def _preempt(self, job: QueuedJob, result: PlacementResult, snapshot: Snapshot, now: datetime,
@@ -766,6 +1130,7 @@ class Scheduler:
                 fails.append((job.id, f"no feasible placement on the enabled providers ({detail or 'no offers'})"))
             else:
                 decided.append((job, result, options, why))
+                self._lb_took(job.id, options[0])  # load balancing: counts for the next jobs of this cycle
         by_id = {j.id: j for j in heads}
         placed: list[tuple[QueuedJob, list[PlacementOption]]] = []
         try:
@@ -787,7 +1152,8 @@ class Scheduler:
                 transitions.append(Transition(
                     job.id, JobState.PENDING, JobState.PLACED, reason=why,
                     data={"provider": chosen.provider, "region": chosen.region,
-                          "instance_type": chosen.instance_type, "total_usd": chosen.total_usd},
+                          "instance_type": chosen.instance_type, "total_usd": chosen.total_usd,
+                          **self._notes.get(job.id, {})},  # gang parts, load-balancing choice
                     fields={"placement_json": _option_json(chosen), "provider": chosen.provider,
                             "region": chosen.region, "held_reason": None},
                 ))
@@ -880,11 +1246,16 @@ class Scheduler:
         outcomes = []
         for job, options in placed:
             request_id = job.request_id or f"{job.id}-r{job.retries}"
-            outcome = provision(
-                options, self.state.get_provider, request_id=request_id,
-                tags={TAG_JOB: job.id, TAG_NAMESPACE: job.namespace}, job=job.spec, retry=PROVISION_RETRY,
-                clock=self.clock, blocklist=self.blocklist, count=max(1, job.request.nodes),
-            )
+            plan = self._gang_plans.get(job.id)
+            if plan is not None and len(plan) > 1:  # gang: one launch per host/zone, all or nothing
+                outcome = self._launch_gang(job, request_id, plan, options[0])
+            else:
+                outcome = provision(
+                    options, self.state.get_provider, request_id=request_id,
+                    tags={TAG_JOB: job.id, TAG_NAMESPACE: job.namespace}, job=job.spec, retry=PROVISION_RETRY,
+                    clock=self.clock, blocklist=self.blocklist, count=max(1, job.request.nodes),
+                )
+                outcome = self._whole_gang(job, request_id, outcome)  # gang: never fewer than N running
             for a in outcome.attempts:
                 if a.outcome not in ("launched", "skipped"):
                     self.metrics.provider_errors.labels(a.provider, a.outcome).inc()
@@ -908,7 +1279,8 @@ class Scheduler:
                     transitions.append(Transition(
                         job.id, JobState.PROVISIONING, JobState.RUNNING,
                         reason=f"launched on {opt.provider}:{opt.region} ({opt.instance_type})"
-                        + (" [dry-run]" if any(i.dry_run for i in outcome.instances) else ""),
+                        + (" [dry-run]" if any(i.dry_run for i in outcome.instances) else "")
+                        + (f"; gang of {len(outcome.instances)} nodes" if job.request.nodes > 1 else ""),
                         data={"instances": [i.id for i in outcome.instances]},
                         fields={"instances_json": _instances_json(outcome.instances),
                                 "provider": opt.provider, "region": opt.region,

@@ -38,6 +38,10 @@ locals {
     BROKER_CATALOG_DIR   = var.broker_catalog_dir
     BROKER_INVENTORY     = var.broker_inventory
     BROKER_EGRESS_CONFIG = var.broker_egress_config
+    # Scheduling policies (docs/POLICIES.md): gang layout and load balancing across equivalent pools.
+    BROKER_GANG_SPREAD              = var.broker_gang_spread
+    BROKER_LOAD_BALANCING           = var.broker_load_balancing
+    BROKER_LOAD_BALANCING_TOLERANCE = var.broker_load_balancing_tolerance == null ? null : tostring(var.broker_load_balancing_tolerance)
   }
 
   broker_environment = merge(

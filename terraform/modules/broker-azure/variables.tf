@@ -210,3 +210,26 @@ variable "broker_egress_config" {
   type        = string
   default     = null
 }
+
+variable "broker_gang_spread" {
+  description = "BROKER_GANG_SPREAD: layout of gang jobs not asking sameZone, pack or spread. null = unset (pack)."
+  type        = string
+  default     = "pack"
+
+  validation {
+    condition     = var.broker_gang_spread == null || contains(["pack", "spread"], coalesce(var.broker_gang_spread, "pack"))
+    error_message = "broker_gang_spread must be pack or spread."
+  }
+}
+
+variable "broker_load_balancing" {
+  description = "BROKER_LOAD_BALANCING: plugin choosing among equivalent options: none, round-robin, least-loaded, performance, predictive, or weights like least-loaded:1,performance:2. null = unset (least-loaded)."
+  type        = string
+  default     = "least-loaded"
+}
+
+variable "broker_load_balancing_tolerance" {
+  description = "BROKER_LOAD_BALANCING_TOLERANCE: options within this fraction of the best total cost are equivalent (0.01 = 1 %). null = unset (0.01)."
+  type        = number
+  default     = 0.01
+}
