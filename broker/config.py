@@ -21,13 +21,16 @@ DEFAULT_PROVIDERS: tuple[str, ...] = ("onprem", "aws", "azure", "gcp")
 GANG_POLICIES: tuple[str, ...] = ("pack", "spread")  # BROKER_GANG_SPREAD (policies.gang.PACK / SPREAD)
 
 
+DEFAULT_DRY_RUN_SPEEDUP = 3600.0  # a dry-run job estimated at 1 h "runs" for 1 s
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the service needs to start. Paths are absolute once built by :func:`load_settings`.
 
     ``database_url`` empty means ``sqlite:///<data_dir>/broker.db``; see :attr:`effective_database_url`.
-    ``dry_run_speedup`` divides the wall time of dry-run cloud jobs (the demo uses a large factor so a 1 h
-    estimate finishes in seconds); 1.0 means real time. ``scheduler_enabled`` False runs only the API
+    ``dry_run_speedup`` divides the wall time of dry-run cloud jobs: by default 3600, so a job estimated at
+    1 h "runs" for 1 s (nobody wants to wait hours for a simulation); 1.0 means real time. ``scheduler_enabled`` False runs only the API
     (benchmarks and API tests drive the scheduler by hand).
     """
 
@@ -48,7 +51,7 @@ class Settings:
     mqtt_key_file: Path | None = None
     ca_key_file: Path | None = None
     log_level: str = "INFO"
-    dry_run_speedup: float = 1.0
+    dry_run_speedup: float = DEFAULT_DRY_RUN_SPEEDUP
     scheduler_enabled: bool = True
     scheduler_batch: int = 500
     max_burst_jobs: int = 10_000
@@ -168,7 +171,7 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         mqtt_key_file=_path(env.get("BROKER_MQTT_KEY_FILE")) or ca_dir / "gateway.key",
         ca_key_file=_path(env.get("BROKER_CA_KEY_FILE")) or ca_dir / "ca.key",
         log_level=(env.get("BROKER_LOG_LEVEL") or "INFO").upper(),
-        dry_run_speedup=_number(env, "BROKER_DRY_RUN_SPEEDUP", 1.0),
+        dry_run_speedup=_number(env, "BROKER_DRY_RUN_SPEEDUP", DEFAULT_DRY_RUN_SPEEDUP),
         gang_spread=_choice(env, "BROKER_GANG_SPREAD", "pack", GANG_POLICIES),
         load_balancing=env.get("BROKER_LOAD_BALANCING") or "least-loaded",
         load_balancing_tolerance=_ratio(env, "BROKER_LOAD_BALANCING_TOLERANCE", 0.01),

@@ -695,16 +695,16 @@ class Scheduler:
             gang, gang_why = self._gang_onprem(job, in_time, snapshot)
             if gang is not None:
                 options, why = [gang] + cloud, f"on-prem has room: {gang_why}"
-        gang_fail = ""
+        gang_note = ""
         if options is None and cloud:
             cloud, lb_cloud = self._balance(job, cloud, snapshot)
-            cloud, gang_fail = self._gang_cloud(job, cloud)  # gang: one zone (sameZone) or spread
+            cloud, gang_note = self._gang_cloud(job, cloud)  # gang: one zone (sameZone) or spread
             if cloud:
                 options = cloud
                 why = "on-prem full: burst to cloud" if onprem else "cheapest cloud placement"
-                why += "".join(f"; {n}" for n in (lb_cloud, gang_fail) if n)
-        if options is None and gang_fail and not onprem:
-            return result, [], gang_fail
+                why += "".join(f"; {n}" for n in (lb_cloud, gang_note) if n)
+        if options is None and gang_note and not onprem:
+            return result, [], gang_note
         # --- end gang / load balancing ---
         if options is None:
             return result, None, why

@@ -46,6 +46,7 @@ def make_settings(tmp_path: Path, store_url: str, **overrides: Any) -> Any:
         "scheduler_enabled": False,
         "inventory": write_inventory(tmp_path),
         "providers": ("onprem", "aws"),
+        "dry_run_speedup": 1.0,  # dry-run jobs take their estimated time on the test's clock
     }
     values.update(overrides)
     return load_settings({}, **values)
