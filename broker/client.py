@@ -99,6 +99,12 @@ class BrokerClient:
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self._request(method, path, **kwargs).json()
 
+    # -------------------------------------------------------------------------------- policies
+
+    def apply_policies(self, docs: list[Any]) -> dict[str, Any]:
+        """Apply ResourceQuota / PriorityClass / Budget / Reservation documents, all or none (admin)."""
+        return self._json("POST", "/v1/policies:apply", json={"items": docs})  # type: ignore[no-any-return]
+
     # -------------------------------------------------------------------------------- tenants
 
     def whoami(self) -> dict[str, Any]:

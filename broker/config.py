@@ -30,7 +30,8 @@ class Settings:
 
     ``database_url`` empty means ``sqlite:///<data_dir>/broker.db``; see :attr:`effective_database_url`.
     ``dry_run_speedup`` divides the wall time of dry-run cloud jobs: by default 3600, so a job estimated at
-    1 h "runs" for 1 s (nobody wants to wait hours for a simulation); 1.0 means real time. ``scheduler_enabled`` False runs only the API
+    1 h "runs" for 1 s (nobody wants to wait hours for a simulation); 1.0 means real time.
+    ``scheduler_enabled`` False runs only the API
     (benchmarks and API tests drive the scheduler by hand).
     """
 

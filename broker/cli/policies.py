@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
         """Apply ResourceQuota, PriorityClass, Budget and Reservation documents (like kubectl apply)."""
         docs = read_policy_files(files)
         with _client() as client:
-            answer = client._json("POST", "/v1/policies:apply", json={"items": docs})
+            answer = client.apply_policies(docs)
         _print(answer, as_json, [
             f"{a['kind'].lower()}/{a['name']}{' (' + a['namespace'] + ')' if a.get('namespace') else ''} {a['action']}"
             for a in answer.get("applied", [])

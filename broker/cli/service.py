@@ -116,31 +116,42 @@ def submit(
         load_spec_file(path)  # validate locally: errors name the file and field before anything is sent
         docs.extend(load_documents(path.read_bytes()))
     with _client() as client:
-        ns = _namespace(client, namespace)
-        jobs: list[dict[str, Any]] = []
-        if len(docs) == 1:
-            jobs.append(client.submit(ns, docs[0]))
-        else:
-            with Progress(transient=True, disable=as_json or not sys.stderr.isatty()) as progress:
-                task = progress.add_task("submitting", total=len(docs))
-                for start in range(0, len(docs), CHUNK):
-                    chunk = docs[start : start + CHUNK]
-                    jobs.extend(client.submit(ns, chunk, idempotency_key=uuid.uuid4().hex)["jobs"])
+        # Without --namespace each spec goes to its own metadata.namespace (else the default namespace);
+        # each namespace's specs are one burst, accepted or refused as a whole.
+        fallback = _namespace(client, namespace)
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for doc in docs:
+            meta = doc.get("metadata") if isinstance(doc, dict) else None
+            own = meta.get("namespace") if isinstance(meta, dict) else None
+            groups.setdefault(namespace or (own if isinstance(own, str) and own else fallback), []).append(doc)
+        jobs: list[tuple[str, dict[str, Any]]] = []
+        with Progress(transient=True, disable=as_json or not sys.stderr.isatty() or len(docs) == 1) as progress:
+            task = progress.add_task("submitting", total=len(docs))
+            for ns, group in groups.items():
+                if len(group) == 1:
+                    jobs.append((ns, client.submit(ns, group[0])))
+                    progress.advance(task, 1)
+                    continue
+                for start in range(0, len(group), CHUNK):
+                    chunk = group[start : start + CHUNK]
+                    jobs.extend((ns, j) for j in client.submit(ns, chunk, idempotency_key=uuid.uuid4().hex)["jobs"])
                     progress.advance(task, len(chunk))
         if not wait:
             if as_json:
-                _print_json(jobs)
+                _print_json([j for _, j in jobs])
             else:
-                for job in jobs:
-                    typer.echo(f"{job['id']}  {job['name']}  {job['state']}")
+                for ns, job in jobs:
+                    typer.echo(f"{job['id']}  {ns}/{job['name']}  {job['state']}")
             return
-        final = follow(client, ns, [j["id"] for j in jobs], quiet=as_json)
+        final: list[dict[str, Any]] = []
+        for ns in groups:
+            final += follow(client, ns, [j["id"] for n, j in jobs if n == ns], quiet=as_json)
     if as_json:
         _print_json(final)
     else:
         for job in final:
-            typer.echo(f"{job['id']}  {job['name']}  {job['state']}  {job.get('provider') or '-'}"
-                       f"{' (dry-run)' if job.get('dry_run') else ''}")
+            typer.echo(f"{job['id']}  {job.get('namespace', '')}/{job['name']}  {job['state']}  "
+                       f"{job.get('provider') or '-'}{' (dry-run)' if job.get('dry_run') else ''}")
     if any(j["state"] != "SUCCEEDED" for j in final):
         raise typer.Exit(1)
 

@@ -23,7 +23,7 @@ from broker.store import JobRow
 from tests.broker.service_support import ADMIN_H, job_doc, make_app, serve_in_thread
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = REPO / "examples"
+EXAMPLES = REPO / "examples" / "preemption"
 
 
 def _inventory(tmp_path: Path, hosts: list[dict[str, Any]], sites: list[dict[str, Any]] | None = None) -> Path:
@@ -349,7 +349,7 @@ def test_a_finished_run_records_its_outcome_spend_and_usage_with_the_terminal_tr
 
 
 def _counter_job(name: str, ckpt: Path, *, target: int, step: float, interval: float) -> dict[str, Any]:
-    """examples/checkpoint-counter.yaml with its script found through HB_EXAMPLES_DIR (an absolute path
+    """examples/preemption/checkpoint-counter.yaml with its script found through HB_EXAMPLES_DIR (an absolute path
     computed here), a private checkpoint path and a short run."""
     doc = yaml.safe_load((EXAMPLES / "checkpoint-counter.yaml").read_text())
     spec = doc["spec"]

@@ -87,7 +87,7 @@ def test_impossible_and_never_policies_explain_themselves_and_change_nothing() -
 
 # --- the real scenario -------------------------------------------------------------------------------
 
-COUNTER = Path(__file__).resolve().parents[2] / "examples" / "checkpoint_counter.py"
+COUNTER = Path(__file__).resolve().parents[2] / "examples" / "preemption" / "checkpoint_counter.py"
 STEP_S, INTERVAL_S, TARGET = 0.05, 0.5, 60
 
 
