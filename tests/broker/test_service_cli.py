@@ -56,3 +56,26 @@ def test_namespaces_tokens_submit_and_jobs(tmp_path: Path, store_url: str) -> No
         bad.write_text(yaml.safe_dump(job_doc("bad", memory="32GB")))
         r = _run(["submit", str(bad)], url, token)
         assert r.returncode == 2 and "spec.resources.requests.memory" in r.stderr
+
+
+def test_submit_sends_each_spec_to_its_own_namespace(tmp_path: Path, store_url: str) -> None:
+    app = make_app(tmp_path, store_url)
+    files = []
+    for ns, names in (("team-x", ["x-1", "x-2"]), ("team-y", ["y-1"])):
+        f = tmp_path / f"{ns}.yaml"
+        docs = [job_doc(n) | {"metadata": {"name": n, "namespace": ns}} for n in names]
+        f.write_text("---\n".join(yaml.safe_dump(d) for d in docs))
+        files.append(str(f))
+    with serve_in_thread(app) as url:
+        for ns in ("team-x", "team-y"):
+            assert _run(["namespaces", "create", ns], url).returncode == 0
+        sub = _run(["submit", *files], url)
+        assert sub.returncode == 0, sub.stderr
+        placed = sorted(line.split()[1] for line in sub.stdout.splitlines())
+        assert placed == ["team-x/x-1", "team-x/x-2", "team-y/y-1"]
+        for ns, want in (("team-x", 2), ("team-y", 1)):
+            listed = _run(["jobs", "list", "--namespace", ns], url)
+            assert len(listed.stdout.splitlines()) == want, listed.stdout
+        # --namespace still wins, and a spec naming another namespace is refused with the field
+        clash = _run(["submit", files[1], "--namespace", "team-x"], url)
+        assert clash.returncode == 2 and "metadata.namespace" in clash.stderr
