@@ -100,6 +100,45 @@ def _CleanExitServer(config: Any) -> Any:  # noqa: N802 - a class factory, used 
     return _clean_exit_server_class()(config)
 
 
+def _print_job(job: dict[str, Any]) -> None:
+    """A readable view of one job (``broker jobs get``)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    p = job.get("placement") or {}
+    head = f"[bold]{job['namespace']}/{job['name']}[/]  {job['id']}  [bold]{job['state']}[/]"
+    if job.get("exit_code") is not None:
+        head += f"  exit code {job['exit_code']}"
+    console.print(head)
+    if job.get("held_reason"):
+        console.print(f"held: {job['held_reason']}")
+    if job.get("message"):
+        console.print(f"message: {job['message']}")
+    if p:
+        mode = " (dry-run)" if job.get("dry_run") else ""
+        zone = f"/{p['zone']}" if p.get("zone") else ""
+        console.print(
+            f"placed on {p['provider']}:{p['region']}{zone} {p['instance_type']} ({p['capacity']}){mode}: "
+            f"${p['total_usd']:.4f} = ${p['compute_usd']:.4f} compute (${p['hourly_usd']:.4f}/h) "
+            f"+ ${p['egress_usd']:.4f} egress, {p['transfer_hours']:.2f} h of transfer first"
+        )
+    if job.get("attempts"):
+        table = Table(title="provisioning attempts", title_justify="left")
+        for col in ("at", "where", "instance type", "outcome", "message"):
+            table.add_column(col)
+        for a in job["attempts"]:
+            table.add_row(a["at"] or "", f"{a['provider']}:{a['region']}", a["instance_type"], a["outcome"],
+                          a.get("message") or "")
+        console.print(table)
+    table = Table(title="events", title_justify="left")
+    for col in ("at", "from", "to", "reason"):
+        table.add_column(col)
+    for e in job.get("events") or []:
+        table.add_row(e["at"] or "", e.get("from") or "", e["to"], e.get("reason") or "")
+    console.print(table)
+
+
 def submit(
     files: Annotated[list[Path], typer.Argument(help="job spec files (YAML/JSON; several documents = a burst)")],
     namespace: NamespaceOpt = None,
@@ -219,10 +258,15 @@ def register(app: typer.Typer) -> None:
                        f"{' (dry-run)' if job.get('dry_run') else ''}")
 
     @jobs.command("get")
-    def jobs_get(job_id: str, namespace: NamespaceOpt = None) -> None:
-        """Show one job as JSON (spec, state, placement and cost, attempts, events)."""
+    def jobs_get(job_id: str, namespace: NamespaceOpt = None, as_json: JsonOpt = False) -> None:
+        """Show one job: state, where it runs and what it costs, provisioning attempts and its events
+        (``--json``: the API's full answer, spec included)."""
         with _client() as client:
-            _print_json(client.get_job(_namespace(client, namespace), job_id))
+            job = client.get_job(_namespace(client, namespace), job_id)
+        if as_json:
+            _print_json(job)
+        else:
+            _print_job(job)
 
     @jobs.command("cancel")
     def jobs_cancel(job_id: str, namespace: NamespaceOpt = None) -> None:

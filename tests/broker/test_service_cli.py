@@ -47,8 +47,11 @@ def test_namespaces_tokens_submit_and_jobs(tmp_path: Path, store_url: str) -> No
         assert len(ids) == 3
         listed = _run(["jobs", "list"], url, token)
         assert [line.split()[0] for line in listed.stdout.splitlines()] == ids
-        got = _run(["jobs", "get", ids[0]], url, token)
+        got = _run(["jobs", "get", ids[0], "--json"], url, token)
         assert '"state": "PENDING"' in got.stdout
+        shown = _run(["jobs", "get", ids[0]], url, token)  # the readable view: state and the submit event
+        assert shown.returncode == 0 and f"team-cli/cli-0  {ids[0]}  PENDING" in shown.stdout
+        assert "events" in shown.stdout and "PENDING" in shown.stdout.split("events", 1)[1]
         assert "CANCELLED" in _run(["jobs", "cancel", ids[0]], url, token).stdout
         other = _run(["jobs", "get", ids[0], "--namespace", "default"], url, token)
         assert other.returncode == 1 and "404" in other.stderr
