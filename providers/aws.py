@@ -7,6 +7,11 @@
   reports a constant 0.00001).
 * lifecycle: ``create_node``/``list_nodes``/``destroy_node`` of Libcloud's EC2 driver, tags as EC2 tags,
   ``ClientToken`` plus a by-tag lookup for idempotency per request id.
+* job completion: a launch for a job with a command passes EC2 user data (:func:`completion_script`) that runs
+  the command, prints ``HB-EXIT-CODE=<n>`` on the serial console and powers the VM off, with instance-initiated
+  shutdown behaviour ``terminate``. :meth:`AwsProvider.instances` reads the console (``GetConsoleOutput``) of
+  an ended instance the broker did not terminate itself and reports ``succeeded``/``failed`` with the exit code
+  (:func:`parse_exit_code`); results are cached per instance id, so each ended instance costs one call.
 
 When ``endpoint_url`` is given (moto, LocalStack), the driver signs with SigV4 and a small shim fixes the
 EC2 XML namespace those emulators emit without its trailing slash (RECIPES §2.3).
@@ -14,7 +19,11 @@ EC2 XML namespace those emulators emit without its trailing slash (RECIPES §2.3
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import json
+import re
+import shlex
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -42,7 +51,17 @@ from broker.model import (
 from .base import TAG_REQUEST, Capability, launch_tags, matches_tags
 from .errors import map_errors
 
-__all__ = ["AwsProvider", "parse_price_list", "DEFAULT_PRICE_LIST_URL", "CONTINENT"]
+__all__ = [
+    "AwsProvider",
+    "parse_price_list",
+    "completion_script",
+    "parse_exit_code",
+    "DEFAULT_PRICE_LIST_URL",
+    "CONTINENT",
+    "EXIT_CODE_MARKER",
+    "CONSOLES",
+    "USER_DATA_MAX_BYTES",
+]
 
 DEFAULT_PRICE_LIST_URL = (
     "https://pricing.us-east-1.amazonaws.com/offers/v1.0/aws/AmazonEC2/current/{region}/index.json"
@@ -52,6 +71,12 @@ _NS_BAD = 'xmlns="http://ec2.amazonaws.com/doc/2016-11-15"'
 _NS_GOOD = 'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"'
 CONTINENT = {"us": "na", "ca": "na", "sa": "sa", "eu": "eu", "ap": "as", "me": "me", "af": "af", "il": "me"}
 _ARCH = {"x86_64": "amd64", "arm64": "arm64"}
+EXIT_CODE_MARKER = "HB-EXIT-CODE="
+CONSOLES = ("/dev/ttyS0", "/dev/console")
+USER_DATA_MAX_BYTES = 16 * 1024  # EC2's limit on user data before base64
+_EXIT_RE = re.compile(r"^" + re.escape(EXIT_CODE_MARKER) + r"(\d{1,3})\r?$", re.MULTILINE)
+_ENDED = ("shutting-down", "stopped", "terminated")
+_FINAL = ("stopped", "terminated")  # console output will not change any more
 
 
 class _ShimResponse(EC2Response):
@@ -106,6 +131,72 @@ def parse_price_list(doc: Mapping[str, Any], region: str) -> dict[str, float]:
                 if itype and usd > 0:
                     out[itype] = min(usd, out.get(itype, usd))
     return out
+
+
+def completion_script(
+    command: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    workdir: str | None = None,
+    *,
+    consoles: Sequence[str] = CONSOLES,
+    poweroff: str = "poweroff",
+) -> str:
+    """The POSIX ``sh`` script passed as EC2 user data for a job: it runs ``command`` (argv, each word quoted)
+    with ``env`` added to the environment in ``workdir`` (created when missing; a fresh ``mktemp -d`` directory
+    when ``None``), then writes one line ``HB-EXIT-CODE=<n>`` to each of ``consoles`` (errors ignored) and runs
+    ``poweroff`` last. ``poweroff`` is a shell command taken as is (tests pass a harmless one); everything
+    else is quoted. If the working directory cannot be entered the command does not run and ``n`` is 125.
+
+    Raises :class:`InvalidRequestError` for an empty command, an env name that is empty or holds ``=``, a NUL
+    byte anywhere, or a script over EC2's 16 KiB user-data limit."""
+    env = dict(env or {})
+    words = list(command)
+    if not words:
+        raise InvalidRequestError("aws: the job has no command to run. To fix: give the job a command.",
+                                  provider="aws")
+    bad = [k for k in env if not k or "=" in k]
+    if bad:
+        raise InvalidRequestError(f"aws: env names {bad!r} cannot be set (empty or containing '='). "
+                                  "To fix: rename those environment variables.", provider="aws")
+    if any("\0" in x for x in [*words, *env, *env.values(), workdir or ""]):
+        raise InvalidRequestError("aws: the job's command, env or workdir holds a NUL byte. To fix: remove it.",
+                                  provider="aws")
+    run = " ".join(shlex.quote(w) for w in words)
+    if env:
+        assigns = " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(env.items()))
+        run = f"env {assigns} {run}"
+    wd = shlex.quote(workdir) if workdir else '"$(mktemp -d /tmp/hb-job.XXXXXX)"'
+    lines = [
+        "#!/bin/sh",
+        "# hybrid-broker job runner (generated): run the job, report its exit code on the console, power off.",
+        f"hb_wd={wd}",
+        'if [ -n "$hb_wd" ] && mkdir -p "$hb_wd" && cd "$hb_wd"; then',
+        f"  {run}",
+        "  hb_rc=$?",
+        "else",
+        "  hb_rc=125",
+        "fi",
+        f"for hb_tty in {' '.join(shlex.quote(c) for c in consoles)}; do",
+        f'  {{ printf \'%s%s\\n\' {shlex.quote(EXIT_CODE_MARKER)} "$hb_rc" > "$hb_tty"; }} 2>/dev/null || :',
+        "done",
+        poweroff,
+        "",
+    ]
+    script = "\n".join(lines)
+    size = len(script.encode())
+    if size > USER_DATA_MAX_BYTES:
+        raise InvalidRequestError(
+            f"aws: the job's start-up script is {size} bytes, over EC2's {USER_DATA_MAX_BYTES}-byte user-data "
+            "limit. To fix: shorten the command/env (e.g. put them in a script inside the image).",
+            provider="aws",
+        )
+    return script
+
+
+def parse_exit_code(console: str) -> int | None:
+    """The exit code of the last ``HB-EXIT-CODE=<n>`` line (0..255) in a console text, else ``None``."""
+    found = [int(m) for m in _EXIT_RE.findall(console) if int(m) <= 255]
+    return found[-1] if found else None
 
 
 def _to_instance_type(raw: Mapping[str, Any]) -> InstanceType:
@@ -173,6 +264,8 @@ class AwsProvider:
         )
         self._drivers: dict[str, EC2NodeDriver] = {}
         self._images: dict[tuple[str, str], str] = {}
+        self._exit_codes: dict[str, int | None] = {}  # instance id -> exit code read from its console
+        self._terminated: set[str] = set()  # ids this adapter terminated: their end is not the job's
         self._lock = threading.Lock()
         self._errors: list[ProviderError] = []
         self.last_provenance: list[Provenance] = []
@@ -355,6 +448,8 @@ class AwsProvider:
         drv = self._driver(region)
         all_tags = launch_tags(tags, request_id)
         image = self._image(region, offer.instance_type.arch)
+        # with a command, the VM runs the job, reports its exit code on the console and powers off
+        userdata = completion_script(job.command, job.env, job.workdir) if job is not None and job.command else None
         with map_errors(self.name, region, request_id):
             location = None
             if offer.location.zone:
@@ -371,12 +466,48 @@ class AwsProvider:
                 ex_metadata=all_tags,
                 ex_clienttoken=request_id[:64],
                 ex_spot=offer.capacity is Capacity.SPOT,
+                ex_userdata=userdata,
+                ex_terminate_on_shutdown=userdata is not None,
             )
         nodes = made if isinstance(made, list) else [made]
         return [self._to_instance(n, region) for n in nodes]
 
     def instances(self, tags: Mapping[str, str] | None = None) -> list[Instance]:
-        return [self._to_instance(n, r) for r in self.regions for n in self._nodes(r, tags)]
+        """Our instances matching ``tags``. One that ended (``shutting-down``/``stopped``/``terminated``)
+        without this adapter terminating it is reported ``succeeded``/``failed`` with ``exit_code`` when its
+        console shows ``HB-EXIT-CODE=<n>`` (see :func:`completion_script`), else with its plain state."""
+        out: list[Instance] = []
+        for region in self.regions:
+            for node in self._nodes(region, tags):
+                inst = self._to_instance(node, region)
+                code = self._exit_code(node, region)
+                if code is not None:
+                    state = InstanceState.SUCCEEDED if code == 0 else InstanceState.FAILED
+                    inst = dataclasses.replace(inst, state=state, exit_code=code)
+                out.append(inst)
+        return out
+
+    def _exit_code(self, node: Node, region: str) -> int | None:
+        """The job's exit code from the console of an ended instance we did not terminate; cached per id
+        (a miss only once the state is final, since the console of a VM still shutting down may grow)."""
+        status = str((node.extra or {}).get("status") or node.state).lower()
+        node_id = str(node.id)
+        with self._lock:
+            if node_id in self._exit_codes:
+                return self._exit_codes[node_id]
+            if status not in _ENDED or node_id in self._terminated:
+                return None
+        with map_errors(self.name, region):
+            raw = self._ec2(region).get_console_output(InstanceId=node_id).get("Output") or ""
+        try:
+            text = base64.b64decode("".join(str(raw).split()), validate=True).decode("utf-8", "replace")
+        except ValueError:
+            text = str(raw)  # some emulators return it decoded
+        code = parse_exit_code(text)
+        if code is not None or status in _FINAL:
+            with self._lock:
+                self._exit_codes[node_id] = code
+        return code
 
     def terminate(self, ids: Sequence[str], request_id: str) -> None:
         if not ids:
@@ -386,6 +517,8 @@ class AwsProvider:
                 drv = self._driver(region)
                 for node in drv.list_nodes(ex_filters={"instance-id": list(ids)}):  # type: ignore[arg-type]
                     if _state(node) is not InstanceState.TERMINATED:
+                        with self._lock:
+                            self._terminated.add(str(node.id))
                         drv.destroy_node(node)
 
     def poll_errors(self) -> list[ProviderError]:

@@ -2,12 +2,14 @@
 
 It forwards every request to ``upstream`` unchanged (Host header included, so emulators build URLs that
 point back at the proxy) unless a :class:`Fault` matches: then it answers with the provider's own error
-payload (:func:`ec2_error`, :func:`arm_error`, :func:`gce_error`, :func:`throttle`) for the next
-``times`` matching calls. ``calls`` records ``(method, path, action)`` of everything it saw.
+payload (:func:`ec2_error`, :func:`arm_error`, :func:`gce_error`, :func:`throttle`) or a canned success
+(:func:`ec2_response`, :func:`ec2_console_output`) for the next ``times`` matching calls. ``calls`` records
+``(method, path, action)`` of everything it saw.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import ssl
 import threading
@@ -38,6 +40,16 @@ class Seen:
             return ""
         return form.get("Action", [""])[0]
 
+    def param(self, name: str) -> str:
+        """An EC2 query-API parameter (query string or form body), else ``""``."""
+        if name in self.query:
+            return self.query[name][0]
+        try:
+            form = parse_qs(self.body.decode())
+        except UnicodeDecodeError:
+            return ""
+        return form.get(name, [""])[0]
+
 
 @dataclass
 class Fault:
@@ -54,6 +66,12 @@ def ec2_action(name: str) -> Callable[[Seen], bool]:
     return lambda s: s.action == name
 
 
+def ec2_call(name: str, **params: str) -> Callable[[Seen], bool]:
+    """Matches the EC2 action ``name`` whose parameters include every ``params`` item
+    (``ec2_call("GetConsoleOutput", InstanceId="i-1")``)."""
+    return lambda s: s.action == name and all(s.param(k) == v for k, v in params.items())
+
+
 def request(method: str, path_contains: str) -> Callable[[Seen], bool]:
     return lambda s: s.method == method and path_contains.lower() in s.path.lower()
 
@@ -64,6 +82,23 @@ def ec2_error(code: str, message: str = "injected", status: int = 400) -> tuple[
         f"<Message>{message}</Message></Error></Errors><RequestID>fault-1</RequestID></Response>"
     )
     return status, body.encode(), {"Content-Type": "text/xml"}
+
+
+def ec2_response(action: str, inner_xml: str) -> tuple[int, bytes, dict[str, str]]:
+    """A canned HTTP 200 answer of the EC2 query API to ``action``: ``<{action}Response>`` around
+    ``inner_xml`` (the result elements, as the EC2 API reference shows them)."""
+    body = (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<{action}Response xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
+        f"<requestId>canned-1</requestId>{inner_xml}</{action}Response>"
+    )
+    return 200, body.encode(), {"Content-Type": "text/xml"}
+
+
+def ec2_console_output(instance_id: str, text: str) -> tuple[int, bytes, dict[str, str]]:
+    """A ``GetConsoleOutput`` answer whose (base64, as the API sends it) output is ``text``."""
+    out = base64.b64encode(text.encode()).decode()
+    return ec2_response("GetConsoleOutput", f"<instanceId>{instance_id}</instanceId>"
+                        f"<timestamp>2026-12-02T12:00:00.000Z</timestamp><output>{out}</output>")
 
 
 def arm_error(code: str, message: str = "injected", status: int = 409) -> tuple[int, bytes, dict[str, str]]:

@@ -131,6 +131,19 @@ data "aws_iam_policy_document" "provisioning" {
     }
   }
 
+  # A job's VM prints HB-EXIT-CODE=<n> on its serial console before powering off; the adapter reads it.
+  statement {
+    sid       = "ReadConsoleOfBrokerInstances"
+    actions   = ["ec2:GetConsoleOutput"]
+    resources = ["${local.ec2_arn}:instance/*"]
+
+    condition {
+      test     = "Null"
+      variable = "aws:ResourceTag/${var.scope_tag_key}"
+      values   = ["false"]
+    }
+  }
+
   statement {
     sid       = "TerminateOnlyBrokerInstances"
     actions   = ["ec2:TerminateInstances"]
@@ -146,7 +159,7 @@ data "aws_iam_policy_document" "provisioning" {
 
 resource "aws_iam_policy" "provisioning" {
   name        = var.name
-  description = "hybrid-broker: launch, describe, tag and terminate its own EC2 instances; read instance types and prices"
+  description = "hybrid-broker: launch, describe, tag, read the console of and terminate its own EC2 instances; read instance types and prices"
   policy      = data.aws_iam_policy_document.provisioning.json
   tags        = var.tags
 }

@@ -1,0 +1,240 @@
+"""AWS job completion: the user-data script a job's VM runs (built, then run with ``sh`` here), the console
+parser, and the adapter reading a VM's end from ``GetConsoleOutput`` against moto in server mode."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import boto3
+import pytest
+
+from broker.errors import InvalidRequestError
+from broker.model import InstanceState
+from providers.aws import (
+    CONSOLES,
+    USER_DATA_MAX_BYTES,
+    AwsProvider,
+    completion_script,
+    parse_exit_code,
+)
+from providers.base import TAG_JOB
+
+from .builders import make_job, make_offer
+from .faultproxy import FaultProxy, ec2_call, ec2_console_output
+
+REGION = "us-east-1"
+SH = shutil.which("sh") or ""
+
+
+# -- the script ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScriptCase:
+    id: str
+    command: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    exit_code: int = 0
+    stdout: str = ""  # what the command writes to ./out.txt (in its working directory)
+
+
+SCRIPT_CASES = [
+    ScriptCase("arguments with spaces and both quote kinds reach the command unchanged",
+               ("sh", "-c", 'printf "%s|%s" "$1" "$2" > out.txt', "x", "a b 'c'", 'd "e" $HOME `f`'),
+               stdout="a b 'c'|d \"e\" $HOME `f`"),
+    ScriptCase("env values with spaces, quotes and dollars reach the command",
+               ("sh", "-c", 'printf "%s/%s" "$GREETING" "$B" > out.txt'),
+               env={"GREETING": "hello 'big' \"world\"", "B": "$(echo no) ;x"},
+               stdout="hello 'big' \"world\"/$(echo no) ;x"),
+    ScriptCase("a non-zero exit code is reported", ("sh", "-c", "echo ran > out.txt; exit 3"), exit_code=3,
+               stdout="ran\n"),
+    ScriptCase("exit code 255 is reported", ("sh", "-c", "exit 255"), exit_code=255),
+    ScriptCase("a command that is not found reports 127", ("hb-no-such-command-xyz",), exit_code=127),
+]
+
+
+@pytest.mark.skipif(not SH, reason="no sh on PATH to run the generated script with")
+@pytest.mark.parametrize("case", SCRIPT_CASES, ids=[c.id for c in SCRIPT_CASES])
+def test_the_generated_script_runs_the_command_reports_its_exit_code_then_powers_off(
+    case: ScriptCase, tmp_path: Path
+) -> None:
+    workdir = tmp_path / "job dir 'w'"
+    console = tmp_path / "console"
+    marker = tmp_path / "poweroff"
+    # the second console cannot be opened: its error is ignored, like a missing /dev/ttyS0
+    script = completion_script(case.command, case.env, str(workdir),
+                               consoles=(str(console), str(tmp_path / "missing" / "tty")),
+                               poweroff=f'echo "off $(cat {console})" > {marker}')
+    assert script.rstrip("\n").splitlines()[-1].startswith("echo \"off")  # poweroff is the last step
+    proc = subprocess.run([SH, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert console.read_text() == f"HB-EXIT-CODE={case.exit_code}\n"
+    assert marker.read_text() == f"off HB-EXIT-CODE={case.exit_code}\n"  # console written before poweroff
+    assert parse_exit_code(console.read_text()) == case.exit_code
+    if case.stdout:
+        assert (workdir / "out.txt").read_text() == case.stdout
+
+
+@pytest.mark.skipif(not SH, reason="no sh on PATH to run the generated script with")
+def test_without_a_workdir_the_command_runs_in_a_fresh_directory_of_its_own(tmp_path: Path) -> None:
+    out = tmp_path / "pwd.txt"
+    script = completion_script(("sh", "-c", f"pwd > {out}"), consoles=(str(tmp_path / "c"),), poweroff=":")
+    subprocess.run([SH, "-c", script], cwd=tmp_path, check=True, timeout=30)
+    ran_in = Path(out.read_text().strip())
+    try:
+        assert ran_in.name.startswith("hb-job.") and ran_in != tmp_path and ran_in.is_dir()
+    finally:
+        shutil.rmtree(ran_in, ignore_errors=True)
+
+
+@pytest.mark.skipif(not SH, reason="no sh on PATH to run the generated script with")
+def test_a_workdir_that_cannot_be_entered_reports_125_without_running_the_command(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    ran = tmp_path / "ran"
+    script = completion_script(("touch", str(ran)), workdir=str(blocker / "sub"),
+                               consoles=(str(tmp_path / "c"),), poweroff=":")
+    subprocess.run([SH, "-c", script], cwd=tmp_path, check=True, timeout=30, capture_output=True)
+    assert (tmp_path / "c").read_text() == "HB-EXIT-CODE=125\n" and not ran.exists()
+
+
+def test_the_default_script_reports_on_both_serial_consoles_and_powers_off() -> None:
+    script = completion_script(("true",))
+    assert script.startswith("#!/bin/sh\n") and script.rstrip("\n").splitlines()[-1] == "poweroff"
+    assert all(c in script for c in CONSOLES)
+
+
+BAD_SCRIPTS = [
+    ("an empty command is refused", (), {}),
+    ("an env name holding '=' is refused", ("true",), {"A=B": "1"}),
+    ("an empty env name is refused", ("true",), {"": "1"}),
+    ("a NUL byte is refused", ("echo", "a\0b"), {}),
+    ("a script over EC2's user-data limit is refused", ("echo", "x" * USER_DATA_MAX_BYTES), {}),
+]
+
+
+@pytest.mark.parametrize(("command", "env"), [b[1:] for b in BAD_SCRIPTS], ids=[b[0] for b in BAD_SCRIPTS])
+def test_bad_scripts_are_refused_with_a_fix(command: tuple[str, ...], env: dict[str, str]) -> None:
+    with pytest.raises(InvalidRequestError, match="To fix"):
+        completion_script(command, env)
+
+
+PARSE_CASES = [
+    ("no marker gives None", "Linux version 6.1\nreached target poweroff\n", None),
+    ("one marker gives its code", "boot\nHB-EXIT-CODE=3\nreboot: Power down\n", 3),
+    ("the last marker wins", "HB-EXIT-CODE=1\nHB-EXIT-CODE=0\n", 0),
+    ("serial CRLF line ends are accepted", "x\r\nHB-EXIT-CODE=42\r\ny\r\n", 42),
+    ("a marker inside a line does not count", "echo HB-EXIT-CODE=5\n", None),
+    ("codes above 255 do not count", "HB-EXIT-CODE=300\n", None),
+]
+
+
+@pytest.mark.parametrize(("text", "want"), [c[1:] for c in PARSE_CASES], ids=[c[0] for c in PARSE_CASES])
+def test_console_parsing(text: str, want: int | None) -> None:
+    assert parse_exit_code(text) == want
+
+
+# -- against moto -------------------------------------------------------------------------------------------
+
+pytest_moto = pytest.mark.network
+
+
+@pytest.fixture
+def aws(ec2_faults: FaultProxy) -> Iterator[AwsProvider]:
+    yield AwsProvider([REGION], endpoint_url=ec2_faults.url, access_key="testing", secret_key="testing")
+
+
+def _ec2(moto_endpoint: str):  # type: ignore[no-untyped-def]
+    return boto3.client("ec2", endpoint_url=moto_endpoint, region_name=REGION,
+                        aws_access_key_id="testing", aws_secret_access_key="testing")
+
+
+def _launch(aws: AwsProvider, command: tuple[str, ...] = ("sh", "-c", "exit 3")) -> tuple[str, str]:
+    job_id = f"job-{uuid.uuid4().hex[:8]}"
+    job = make_job(job_id, command=command, env={"MODE": "a b"})
+    [inst] = aws.launch(make_offer("aws", REGION, "m5.large", 0.096), 1, f"req-{job_id}", tags={TAG_JOB: job_id},
+                        job=job)
+    return job_id, inst.id
+
+
+def _console_calls(faults: FaultProxy, instance_id: str) -> int:
+    return sum(1 for c in faults.calls if c.action == "GetConsoleOutput" and c.param("InstanceId") == instance_id)
+
+
+@pytest_moto
+def test_a_launch_with_a_command_passes_the_script_and_terminate_on_shutdown(
+    aws: AwsProvider, moto_endpoint: str
+) -> None:
+    _, iid = _launch(aws)
+    ec2 = _ec2(moto_endpoint)
+    data = ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"]["Value"]
+    assert base64.b64decode(data).decode() == completion_script(("sh", "-c", "exit 3"), {"MODE": "a b"})
+    behaviour = ec2.describe_instance_attribute(InstanceId=iid, Attribute="instanceInitiatedShutdownBehavior")
+    assert behaviour["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+    aws.terminate([iid], "cleanup")
+
+
+@pytest_moto
+def test_a_launch_without_a_command_passes_no_user_data(aws: AwsProvider, moto_endpoint: str) -> None:
+    job_id = f"job-{uuid.uuid4().hex[:8]}"
+    [inst] = aws.launch(make_offer("aws", REGION, "m5.large", 0.096), 1, f"req-{job_id}", tags={TAG_JOB: job_id},
+                        job=make_job(job_id))
+    attr = _ec2(moto_endpoint).describe_instance_attribute(InstanceId=inst.id, Attribute="userData")
+    assert not (attr.get("UserData") or {}).get("Value")
+    aws.terminate([inst.id], "cleanup")
+
+
+@pytest_moto
+@pytest.mark.parametrize(
+    ("end", "code", "state"),
+    [("terminate_instances", 3, InstanceState.FAILED), ("stop_instances", 0, InstanceState.SUCCEEDED)],
+    ids=["a VM that powered off (terminated) after exit 3 is FAILED with code 3",
+         "a VM that powered off (stopped) after exit 0 is SUCCEEDED"],
+)
+def test_an_ended_vm_reports_the_exit_code_its_console_shows(
+    aws: AwsProvider, ec2_faults: FaultProxy, moto_endpoint: str, end: str, code: int, state: InstanceState
+) -> None:
+    job_id, iid = _launch(aws)
+    assert [i.state for i in aws.instances({TAG_JOB: job_id})] in ([InstanceState.PENDING], [InstanceState.RUNNING])
+    assert _console_calls(ec2_faults, iid) == 0  # running instances cost no console call
+    getattr(_ec2(moto_endpoint), end)(InstanceIds=[iid])  # the VM's own poweroff, as AWS shows it
+    ec2_faults.add(ec2_call("GetConsoleOutput", InstanceId=iid),
+                   ec2_console_output(iid, f"[  OK  ] cloud-init\r\nHB-EXIT-CODE={code}\r\nreboot: Power down\r\n"),
+                   times=-1)
+    [inst] = aws.instances({TAG_JOB: job_id})
+    assert (inst.id, inst.state, inst.exit_code) == (iid, state, code)
+    assert [i.state for i in aws.instances({TAG_JOB: job_id})] == [state]
+    assert _console_calls(ec2_faults, iid) == 1  # cached per instance id
+    aws.terminate([iid], "cleanup")
+    assert [i.exit_code for i in aws.instances({TAG_JOB: job_id})] == [code]  # still the job's outcome
+
+
+@pytest_moto
+def test_an_instance_the_broker_terminated_stays_terminated_without_reading_its_console(
+    aws: AwsProvider, ec2_faults: FaultProxy
+) -> None:
+    job_id, iid = _launch(aws)
+    aws.terminate([iid], f"{job_id}:cancel")
+    ec2_faults.add(ec2_call("GetConsoleOutput", InstanceId=iid), ec2_console_output(iid, "HB-EXIT-CODE=0\n"),
+                   times=-1)
+    [inst] = aws.instances({TAG_JOB: job_id})
+    assert (inst.state, inst.exit_code) == (InstanceState.TERMINATED, None)
+    assert _console_calls(ec2_faults, iid) == 0
+
+
+@pytest_moto
+def test_an_ended_vm_without_the_marker_is_terminated_and_asked_only_once(
+    aws: AwsProvider, ec2_faults: FaultProxy, moto_endpoint: str
+) -> None:
+    job_id, iid = _launch(aws)
+    _ec2(moto_endpoint).terminate_instances(InstanceIds=[iid])  # e.g. reclaimed: moto's console has no marker
+    for _ in range(2):
+        [inst] = aws.instances({TAG_JOB: job_id})
+        assert (inst.state, inst.exit_code) == (InstanceState.TERMINATED, None)
+    assert _console_calls(ec2_faults, iid) == 1
