@@ -8,7 +8,6 @@ scheduler thread. Everything per app lives in :class:`AppState` (``app.state.hb`
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import logging
@@ -407,8 +406,3 @@ def create_app(
             continue
         app.include_router(module.router)
     return app
-
-
-def replace_settings(settings: Settings, **changes: Any) -> Settings:
-    """``dataclasses.replace`` for :class:`Settings` (a convenience for tests and the demo)."""
-    return dataclasses.replace(settings, **changes)

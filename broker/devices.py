@@ -17,6 +17,7 @@ Contracts:
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -30,7 +31,7 @@ from sqlmodel import Field, Session, SQLModel, col, select
 
 from broker.errors import ConflictError, NotFoundError, SpecError
 from broker.model import Capacity, InstanceType, Location, Offer, SiteKind
-from broker.store import UTCDateTime, utc
+from broker.store import utc, utc_column
 from edge import pki
 
 __all__ = [
@@ -60,8 +61,7 @@ __all__ = [
 OFFLINE_AFTER_SECONDS = 90.0  # no message for this long = offline (heartbeats come every 30 s)
 
 
-def _ts(nullable: bool = True, index: bool = False) -> Any:
-    return Field(default=None, sa_column=sa.Column(UTCDateTime(), nullable=nullable, index=index))
+_ts = functools.partial(utc_column, nullable=True)  # device timestamps are optional unless said otherwise
 
 
 class EdgeDeviceRow(SQLModel, table=True):

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from sqlmodel import Field, Session, SQLModel, select
 
 from broker.errors import SpecError
-from broker.store import JobRow, UTCDateTime, utc
+from broker.store import JobRow, utc, utc_column
 from policies import budget as budget_mod
 from policies import priority as priority_mod
 from policies import quota as quota_mod
@@ -63,10 +63,6 @@ KINDS = ("ResourceQuota", "PriorityClass", "Budget", "Reservation")
 _ACTIVE = ("PLACED", "PROVISIONING", "RUNNING")
 
 
-def _ts(nullable: bool = False, index: bool = False) -> Any:
-    return Field(default=None, sa_column=sa.Column(UTCDateTime(), nullable=nullable, index=index))
-
-
 class QuotaRecord(SQLModel, table=True):
     """A ResourceQuota: ``hard``/``borrowing_limit`` in canonical keys and base units (cores, GiB, counts)."""
 
@@ -77,7 +73,7 @@ class QuotaRecord(SQLModel, table=True):
     cohort: str | None = Field(default=None, sa_column=sa.Column(sa.String(253), index=True))
     borrowing_limit: dict[str, float] = Field(default_factory=dict, sa_column=sa.Column(sa.JSON, nullable=False))
     document: dict[str, Any] = Field(default_factory=dict, sa_column=sa.Column(sa.JSON, nullable=False))
-    updated_at: datetime = _ts()
+    updated_at: datetime = utc_column()
 
 
 class PriorityClassRecord(SQLModel, table=True):
@@ -87,7 +83,7 @@ class PriorityClassRecord(SQLModel, table=True):
     preemption_policy: str = Field(sa_column=sa.Column(sa.String(32), nullable=False))
     global_default: bool = Field(default=False, sa_column=sa.Column(sa.Boolean, nullable=False))
     description: str = Field(default="", sa_column=sa.Column(sa.Text, nullable=False))
-    updated_at: datetime = _ts()
+    updated_at: datetime = utc_column()
 
 
 class BudgetRecord(SQLModel, table=True):
@@ -97,7 +93,7 @@ class BudgetRecord(SQLModel, table=True):
     daily_usd: float | None = Field(default=None, sa_column=sa.Column(sa.Float, nullable=True))
     monthly_usd: float | None = Field(default=None, sa_column=sa.Column(sa.Float, nullable=True))
     enforcement: str = Field(sa_column=sa.Column(sa.String(8), nullable=False))
-    updated_at: datetime = _ts()
+    updated_at: datetime = utc_column()
 
 
 class ReservationRecord(SQLModel, table=True):
@@ -109,7 +105,7 @@ class ReservationRecord(SQLModel, table=True):
     gpus: float = Field(default=0.0, sa_column=sa.Column(sa.Float, nullable=False))
     priority_class: str | None = Field(default=None, sa_column=sa.Column(sa.String(253)))
     namespace: str | None = Field(default=None, sa_column=sa.Column(sa.String(63)))
-    updated_at: datetime = _ts()
+    updated_at: datetime = utc_column()
 
 
 class SpendRecord(SQLModel, table=True):
@@ -121,7 +117,7 @@ class SpendRecord(SQLModel, table=True):
     job_id: str = Field(default="", sa_column=sa.Column(sa.String(40), nullable=False, default=""))
     usd: float = Field(sa_column=sa.Column(sa.Float, nullable=False))
     kind: str = Field(default="adjustment", sa_column=sa.Column(sa.String(16), nullable=False))
-    at: datetime = _ts(index=True)
+    at: datetime = utc_column(index=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -153,14 +153,6 @@ class Snapshot:
             free["memory_gib"] -= memory_gib
             free["gpus"] -= gpus
 
-    def add_usage(self, namespace: str, job: QueuedJob) -> None:
-        u = self.usage.setdefault(namespace, {"vcpus": 0.0, "memory_gib": 0.0, "gpus": 0.0, "jobs": 0.0})
-        nodes = max(1, job.request.nodes)
-        u["vcpus"] += job.request.vcpus * nodes
-        u["memory_gib"] += job.request.memory_gib * nodes
-        u["gpus"] += job.request.gpus * nodes
-        u["jobs"] += 1
-
 
 AdmissionCheck = Callable[[QueuedJob, Snapshot], "str | None"]
 
@@ -639,13 +631,13 @@ class Scheduler:
             return decision.explanation
         return ""
 
-    def _choose(self, job: QueuedJob, snapshot: Snapshot, cache: dict[Any, PlacementResult] | None = None
+    def _choose(self, job: QueuedJob, snapshot: Snapshot
                 ) -> tuple[PlacementResult, list[PlacementOption] | None, str]:
         """The placement result and the ordered options to provision (None = hold), plus a note.
 
         An empty list fails the job; the note then starts with ``DeadlineInfeasible`` when options exist
         but none meets the deadline. With a deadline, the returned result's ``explanation`` ends with the
-        premium paid to meet it (see :meth:`_deadline_note`). ``cache`` is unused (kept for callers)."""
+        premium paid to meet it (see :meth:`_deadline_note`)."""
         request = job.request
         # --- edge: this job's devices (namespace, offline vs its wait, not one that just lost it) ---
         extra, edge_sig, edge_waiting = snapshot.extra_offers, (), ()

@@ -62,15 +62,11 @@ class UTCDateTime(sa.types.TypeDecorator[datetime]):
     def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
         if value is None:
             return None
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=UTC)
-        value = value.astimezone(UTC)
+        value = utc(value)
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
     def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
-        if value is None:
-            return None
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return None if value is None else utc(value)
 
 
 def utc(value: datetime) -> datetime:
@@ -78,7 +74,8 @@ def utc(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-def _ts(nullable: bool = False, index: bool = False) -> Any:
+def utc_column(nullable: bool = False, index: bool = False) -> Any:
+    """A SQLModel field stored as a timezone-aware UTC timestamp (every table of the broker uses this)."""
     return Field(default=None, sa_column=sa.Column(UTCDateTime(), nullable=nullable, index=index))
 
 
@@ -87,7 +84,7 @@ class NamespaceRow(SQLModel, table=True):
 
     __tablename__ = "namespaces"
     name: str = Field(sa_column=sa.Column(sa.String(63), primary_key=True))
-    created_at: datetime = _ts()
+    created_at: datetime = utc_column()
 
 
 class TokenRow(SQLModel, table=True):
@@ -101,8 +98,8 @@ class TokenRow(SQLModel, table=True):
     )
     token_hash: str = Field(sa_column=sa.Column(sa.String(64), nullable=False, unique=True))
     description: str = Field(default="", sa_column=sa.Column(sa.String(200), nullable=False, default=""))
-    created_at: datetime = _ts()
-    revoked_at: datetime | None = _ts(nullable=True)
+    created_at: datetime = utc_column()
+    revoked_at: datetime | None = utc_column(nullable=True)
 
 
 class JobRow(SQLModel, table=True):
@@ -124,11 +121,11 @@ class JobRow(SQLModel, table=True):
     name: str = Field(sa_column=sa.Column(sa.String(253), nullable=False))
     state: str = Field(sa_column=sa.Column(sa.String(16), nullable=False, index=True))
     priority: int = Field(default=0, sa_column=sa.Column(sa.Integer, nullable=False, default=0))
-    created_at: datetime = _ts()
-    updated_at: datetime = _ts()
-    not_before: datetime | None = _ts(nullable=True)
-    started_at: datetime | None = _ts(nullable=True)
-    finished_at: datetime | None = _ts(nullable=True)
+    created_at: datetime = utc_column()
+    updated_at: datetime = utc_column()
+    not_before: datetime | None = utc_column(nullable=True)
+    started_at: datetime | None = utc_column(nullable=True)
+    finished_at: datetime | None = utc_column(nullable=True)
     vcpus: float = Field(default=0.0, sa_column=sa.Column(sa.Float, nullable=False, default=0.0))
     memory_gib: float = Field(default=0.0, sa_column=sa.Column(sa.Float, nullable=False, default=0.0))
     gpus: int = Field(default=0, sa_column=sa.Column(sa.Integer, nullable=False, default=0))
@@ -168,7 +165,7 @@ class JobEventRow(SQLModel, table=True):
             sa.String(40), sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False, index=True
         )
     )
-    at: datetime = _ts()
+    at: datetime = utc_column()
     from_state: str | None = Field(default=None, sa_column=sa.Column(sa.String(16)))
     to_state: str = Field(sa_column=sa.Column(sa.String(16), nullable=False))
     reason: str = Field(default="", sa_column=sa.Column(sa.Text, nullable=False, default=""))
@@ -185,7 +182,7 @@ class AttemptRow(SQLModel, table=True):
             sa.String(40), sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False, index=True
         )
     )
-    at: datetime = _ts()
+    at: datetime = utc_column()
     request_id: str = Field(default="", sa_column=sa.Column(sa.String(64), nullable=False, default=""))
     provider: str = Field(sa_column=sa.Column(sa.String(32), nullable=False))
     region: str = Field(sa_column=sa.Column(sa.String(64), nullable=False))
@@ -210,7 +207,7 @@ class IdempotencyRow(SQLModel, table=True):
     request_sha256: str = Field(sa_column=sa.Column(sa.String(64), nullable=False))
     status_code: int = Field(sa_column=sa.Column(sa.Integer, nullable=False))
     response_json: str = Field(sa_column=sa.Column(sa.Text, nullable=False))
-    created_at: datetime = _ts()
+    created_at: datetime = utc_column()
 
 
 def make_engine(url: str) -> Engine:

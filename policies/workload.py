@@ -107,18 +107,6 @@ class Resources:
             and self.gpus <= capacity.gpus + eps
         )
 
-    def shortfall(self, capacity: Resources) -> dict[str, float]:
-        """What is missing for ``self`` to fit in ``capacity``, by resource name (empty when it fits)."""
-        out: dict[str, float] = {}
-        for name, need, have in (
-            (CPU, self.cpu, capacity.cpu),
-            (MEMORY, self.memory_gib, capacity.memory_gib),
-            (GPU, self.gpus, capacity.gpus),
-        ):
-            if need > have + 1e-9:
-                out[name] = need - have
-        return out
-
     @classmethod
     def total(cls, items: object) -> Resources:
         acc = cls()

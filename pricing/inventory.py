@@ -15,7 +15,7 @@ Each host becomes an ``owned`` offer at location ``onprem:<site>`` (``edge:<site
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,6 +198,3 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
         raise SpecError(str(p), f"invalid YAML: {str(exc).splitlines()[0]}") from None
     return _parse(doc or {}, str(p))
 
-
-def sites_of(inventory: Inventory | Iterable[Site]) -> tuple[Site, ...]:
-    return inventory.sites if isinstance(inventory, Inventory) else tuple(inventory)

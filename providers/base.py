@@ -9,11 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 from broker.errors import InvalidRequestError, ProviderError
-from broker.model import Capacity, Instance, InstanceType, JobSpec, Location, Offer, PlacementOption, SiteKind
+from broker.model import (
+    Capacity,
+    Instance,
+    InstanceState,
+    InstanceType,
+    JobSpec,
+    Location,
+    Offer,
+    PlacementOption,
+    SiteKind,
+)
 
 __all__ = [
     "Capability",
@@ -26,6 +37,7 @@ __all__ = [
     "matches_tags",
     "require_count",
     "offer_from_option",
+    "offer_instance",
 ]
 
 TAG_JOB = "hb-job"
@@ -122,6 +134,29 @@ def require_count(provider: str, offer: Offer, count: int, request_id: str) -> N
             region=offer.region,
             request_id=request_id,
         )
+
+
+def offer_instance(
+    iid: str,
+    provider: str,
+    offer: Offer,
+    tags: Mapping[str, str],
+    *,
+    launched_at: datetime | None = None,
+    dry_run: bool = False,
+) -> Instance:
+    """A running :class:`Instance` of ``offer`` (region, zone and type taken from it), for in-memory adapters."""
+    return Instance(
+        id=iid,
+        provider=provider,
+        region=offer.region,
+        zone=offer.location.zone,
+        instance_type=offer.instance_type.name,
+        state=InstanceState.RUNNING,
+        tags=tags,
+        launched_at=launched_at,
+        dry_run=dry_run,
+    )
 
 
 def matches_tags(have: Mapping[str, str], want: Mapping[str, str] | None) -> bool:

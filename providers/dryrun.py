@@ -8,6 +8,7 @@ reports work the same as with real credentials, and every instance says plainly 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,7 +19,7 @@ from broker.clock import Clock, SystemClock
 from broker.errors import ProviderError
 from broker.model import Instance, InstanceState, JobSpec, Offer
 
-from .base import TAG_DRY_RUN, Capability, launch_tags, matches_tags, require_count
+from .base import TAG_DRY_RUN, Capability, launch_tags, matches_tags, offer_instance, require_count
 
 __all__ = ["DryRunProvider", "DEFAULT_DURATION_HOURS"]
 
@@ -73,42 +74,20 @@ class DryRunProvider:
             ids = []
             for n in range(count):
                 iid = f"dry-{self.name}-{digest}-{n}"
-                inst = Instance(
-                    id=iid,
-                    provider=self.name,
-                    region=offer.region,
-                    zone=offer.location.zone,
-                    instance_type=offer.instance_type.name,
-                    state=InstanceState.RUNNING,
-                    tags=all_tags,
-                    launched_at=now,
-                    dry_run=True,
-                )
+                inst = offer_instance(iid, self.name, offer, all_tags, launched_at=now, dry_run=True)
                 self._runs[iid] = _Run(inst, now + timedelta(hours=max(0.0, duration_h)))
                 ids.append(iid)
             self._by_request[request_id] = ids
             return [self._state(self._runs[i]) for i in ids]
 
     def _state(self, run: _Run) -> Instance:
-        inst = run.instance
         if run.terminated:
             state, code = InstanceState.TERMINATED, None
         elif self._clock.now() >= run.ends_at:
             state, code = InstanceState.SUCCEEDED, 0
         else:
             state, code = InstanceState.RUNNING, None
-        return Instance(
-            id=inst.id,
-            provider=inst.provider,
-            region=inst.region,
-            instance_type=inst.instance_type,
-            state=state,
-            zone=inst.zone,
-            tags=inst.tags,
-            exit_code=code,
-            launched_at=inst.launched_at,
-            dry_run=True,
-        )
+        return dataclasses.replace(run.instance, state=state, exit_code=code)
 
     def instances(self, tags: Mapping[str, str] | None = None) -> list[Instance]:
         with self._lock:

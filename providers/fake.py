@@ -8,6 +8,7 @@ errors after a partial success, which lets tests prove that failover cleans up o
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from broker.errors import ProviderError
 from broker.model import Instance, InstanceState, JobSpec, Offer
 
-from .base import TAG_REQUEST, Capability, launch_tags, matches_tags, require_count
+from .base import Capability, launch_tags, matches_tags, offer_instance, require_count
 
 __all__ = ["FakeProvider", "FailFn"]
 
@@ -85,15 +86,7 @@ class FakeProvider:
             made = []
             for _ in range(count):
                 iid = f"{self.name}-{next(self._ids):06d}"
-                inst = Instance(
-                    id=iid,
-                    provider=self.name,
-                    region=offer.region,
-                    zone=offer.location.zone,
-                    instance_type=offer.instance_type.name,
-                    state=InstanceState.RUNNING,
-                    tags=launch_tags(tags, request_id),
-                )
+                inst = offer_instance(iid, self.name, offer, launch_tags(tags, request_id))
                 self._by_id[iid] = inst
                 made.append(inst)
             if error is not None:  # partial success then an error: the instances stay (orphans)
@@ -111,7 +104,7 @@ class FakeProvider:
                 inst = self._by_id.get(iid)
                 if inst is None or inst.state is InstanceState.TERMINATED:
                     continue
-                self._by_id[iid] = _with_state(inst, InstanceState.TERMINATED)
+                self._by_id[iid] = dataclasses.replace(inst, state=InstanceState.TERMINATED)
                 self.terminated.append(iid)
 
     def running(self) -> list[Instance]:
@@ -128,10 +121,6 @@ class FakeProvider:
             out, self._errors = self._errors, []
             return out
 
-    def request_ids(self) -> list[str]:
-        """Request ids of the launches that succeeded."""
-        return [i.tags.get(TAG_REQUEST, "") for i in self._by_id.values()]
-
 
 def _stamp(error: ProviderError, provider: str, region: str, request_id: str) -> ProviderError:
     error.provider = error.provider or provider
@@ -139,17 +128,3 @@ def _stamp(error: ProviderError, provider: str, region: str, request_id: str) ->
     error.request_id = error.request_id or request_id
     return error
 
-
-def _with_state(inst: Instance, state: InstanceState, exit_code: int | None = None) -> Instance:
-    return Instance(
-        id=inst.id,
-        provider=inst.provider,
-        region=inst.region,
-        instance_type=inst.instance_type,
-        state=state,
-        zone=inst.zone,
-        tags=inst.tags,
-        exit_code=exit_code if exit_code is not None else inst.exit_code,
-        launched_at=inst.launched_at,
-        dry_run=inst.dry_run,
-    )

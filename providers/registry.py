@@ -74,8 +74,6 @@ def create(name: str, **options: Any) -> Provider:
             provider=name,
         ) from exc
     factory: Callable[..., Provider] = getattr(module, attr)
-    if name == "fake":
-        options.setdefault("name", "fake")
     return factory(**options)
 
 

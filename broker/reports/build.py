@@ -26,7 +26,6 @@ from __future__ import annotations
 import gc
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from collections.abc import Sequence as SequenceABC
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -337,13 +336,6 @@ class _BaselineAcc:
         )
 
 
-def _baselines(placed: Sequence[Rec], broker_usd: float) -> tuple[Baseline, ...]:
-    acc = _BaselineAcc()
-    for r in placed:
-        acc.add(options_of(r))
-    return acc.baselines(broker_usd)
-
-
 def _spend_rows(acc: Mapping[str, list[float]]) -> tuple[SpendRow, ...]:
     rows = [SpendRow(k, int(v[0]), v[1], v[2], v[3], v[4], int(v[5])) for k, v in acc.items()]
     rows.sort(key=lambda s: (-s.estimated_usd, s.key))
@@ -500,7 +492,7 @@ def decision_plain(rec: Rec) -> dict[str, Any]:
     }
 
 
-class DecisionList(SequenceABC[JobDecision]):
+class DecisionList(Sequence[JobDecision]):
     """The report's job decisions, built on demand from the counted records.
 
     Design choice: a report over 100k records needs every decision only for CSV and JSON, and
@@ -532,7 +524,7 @@ class DecisionList(SequenceABC[JobDecision]):
         return (_decision(r) for r in self._recs)
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, SequenceABC) or isinstance(other, str | bytes):
+        if not isinstance(other, Sequence) or isinstance(other, str | bytes):
             return NotImplemented
         return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
 

@@ -26,7 +26,6 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -356,7 +355,3 @@ class Agent:
 
     def close(self) -> None:
         self.store.close()
-
-
-def load_agent(state_dir: str | Path) -> Agent:
-    return Agent(AgentConfig.load(state_dir))

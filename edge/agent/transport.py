@@ -81,9 +81,6 @@ class MqttTransport:
     def connected(self) -> bool:
         return self._connected.is_set()
 
-    def wait_connected(self, timeout: float) -> bool:
-        return self._connected.wait(timeout)
-
     def _handle_connect(self, client: mqtt.Client, _u: Any, _flags: Any, reason_code: Any, _p: Any) -> None:
         if getattr(reason_code, "is_failure", False):
             return
