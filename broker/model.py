@@ -390,6 +390,7 @@ class Instance:
     exit_code: int | None = None
     launched_at: datetime | None = None
     dry_run: bool = False
+    log_tail: str = ""  # the last bytes of the job's output a cloud VM reported with its exit code
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,8 +22,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import re
-import shlex
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -49,6 +47,15 @@ from broker.model import (
 )
 
 from .base import TAG_REQUEST, Capability, launch_tags, matches_tags
+from .bootstrap import (
+    CONSOLES,
+    EXIT_CODE_MARKER,
+    Report,
+    job_script,
+    parse_exit_code,
+    parse_report,
+    runtime_limit_seconds,
+)
 from .errors import map_errors
 
 __all__ = [
@@ -71,11 +78,8 @@ _NS_BAD = 'xmlns="http://ec2.amazonaws.com/doc/2016-11-15"'
 _NS_GOOD = 'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"'
 CONTINENT = {"us": "na", "ca": "na", "sa": "sa", "eu": "eu", "ap": "as", "me": "me", "af": "af", "il": "me"}
 _ARCH = {"x86_64": "amd64", "arm64": "arm64"}
-EXIT_CODE_MARKER = "HB-EXIT-CODE="
-CONSOLES = ("/dev/ttyS0", "/dev/console")
 USER_DATA_MAX_BYTES = 16 * 1024  # EC2's limit on user data before base64
-_EXIT_RE = re.compile(r"^" + re.escape(EXIT_CODE_MARKER) + r"(\d{1,3})\r?$", re.MULTILINE)
-_ENDED = ("shutting-down", "stopped", "terminated")
+_ENDED = ("shutting-down", "stopping", "stopped", "terminated")
 _FINAL = ("stopped", "terminated")  # console output will not change any more
 
 
@@ -140,63 +144,11 @@ def completion_script(
     *,
     consoles: Sequence[str] = CONSOLES,
     poweroff: str = "poweroff",
+    runtime_limit_seconds: int | None = None,
 ) -> str:
-    """The POSIX ``sh`` script passed as EC2 user data for a job: it runs ``command`` (argv, each word quoted)
-    with ``env`` added to the environment in ``workdir`` (created when missing; a fresh ``mktemp -d`` directory
-    when ``None``), then writes one line ``HB-EXIT-CODE=<n>`` to each of ``consoles`` (errors ignored) and runs
-    ``poweroff`` last. ``poweroff`` is a shell command taken as is (tests pass a harmless one); everything
-    else is quoted. If the working directory cannot be entered the command does not run and ``n`` is 125.
-
-    Raises :class:`InvalidRequestError` for an empty command, an env name that is empty or holds ``=``, a NUL
-    byte anywhere, or a script over EC2's 16 KiB user-data limit."""
-    env = dict(env or {})
-    words = list(command)
-    if not words:
-        raise InvalidRequestError("aws: the job has no command to run. To fix: give the job a command.",
-                                  provider="aws")
-    bad = [k for k in env if not k or "=" in k]
-    if bad:
-        raise InvalidRequestError(f"aws: env names {bad!r} cannot be set (empty or containing '='). "
-                                  "To fix: rename those environment variables.", provider="aws")
-    if any("\0" in x for x in [*words, *env, *env.values(), workdir or ""]):
-        raise InvalidRequestError("aws: the job's command, env or workdir holds a NUL byte. To fix: remove it.",
-                                  provider="aws")
-    run = " ".join(shlex.quote(w) for w in words)
-    if env:
-        assigns = " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(env.items()))
-        run = f"env {assigns} {run}"
-    wd = shlex.quote(workdir) if workdir else '"$(mktemp -d /tmp/hb-job.XXXXXX)"'
-    lines = [
-        "#!/bin/sh",
-        "# hybrid-broker job runner (generated): run the job, report its exit code on the console, power off.",
-        f"hb_wd={wd}",
-        'if [ -n "$hb_wd" ] && mkdir -p "$hb_wd" && cd "$hb_wd"; then',
-        f"  {run}",
-        "  hb_rc=$?",
-        "else",
-        "  hb_rc=125",
-        "fi",
-        f"for hb_tty in {' '.join(shlex.quote(c) for c in consoles)}; do",
-        f'  {{ printf \'%s%s\\n\' {shlex.quote(EXIT_CODE_MARKER)} "$hb_rc" > "$hb_tty"; }} 2>/dev/null || :',
-        "done",
-        poweroff,
-        "",
-    ]
-    script = "\n".join(lines)
-    size = len(script.encode())
-    if size > USER_DATA_MAX_BYTES:
-        raise InvalidRequestError(
-            f"aws: the job's start-up script is {size} bytes, over EC2's {USER_DATA_MAX_BYTES}-byte user-data "
-            "limit. To fix: shorten the command/env (e.g. put them in a script inside the image).",
-            provider="aws",
-        )
-    return script
-
-
-def parse_exit_code(console: str) -> int | None:
-    """The exit code of the last ``HB-EXIT-CODE=<n>`` line (0..255) in a console text, else ``None``."""
-    found = [int(m) for m in _EXIT_RE.findall(console) if int(m) <= 255]
-    return found[-1] if found else None
+    """The EC2 user data of a job: :func:`providers.bootstrap.job_script` within EC2's 16 KiB limit."""
+    return job_script(command, env, workdir, consoles=consoles, poweroff=poweroff,
+                      runtime_limit_seconds=runtime_limit_seconds, provider="aws", max_bytes=USER_DATA_MAX_BYTES)
 
 
 def _to_instance_type(raw: Mapping[str, Any]) -> InstanceType:
@@ -228,7 +180,10 @@ def _state(node: Node) -> InstanceState:
     return {
         "pending": InstanceState.PENDING,
         "running": InstanceState.RUNNING,
-        "shutting-down": InstanceState.TERMINATED,
+        # still ending: the job is finished only once its exit code is read (or the instance is gone)
+        "shutting-down": InstanceState.RUNNING,
+        "stopping": InstanceState.RUNNING,
+        "stopped": InstanceState.TERMINATED,
         "terminated": InstanceState.TERMINATED,
     }.get(status, InstanceState.UNKNOWN)
 
@@ -239,7 +194,8 @@ class AwsProvider:
 
     name = "aws"
     capabilities = frozenset(
-        {Capability.SPOT, Capability.GPUS, Capability.MULTI_NODE, Capability.TAGS, Capability.LIVE_PRICES}
+        {Capability.SPOT, Capability.GPUS, Capability.MULTI_NODE, Capability.TAGS, Capability.LIVE_PRICES,
+         Capability.RUNS_WORK}
     )
 
     def __init__(
@@ -253,18 +209,20 @@ class AwsProvider:
         price_list_url: str | None = None,
         image_id: str | None = None,
         spot: bool = True,
+        max_runtime_hours: float | None = None,
     ) -> None:
         self.regions = list(regions)
         self.endpoint_url = endpoint_url
         self.price_list_url = price_list_url or DEFAULT_PRICE_LIST_URL
         self.image_id = image_id
         self.spot = spot
+        self.max_runtime_hours = max_runtime_hours
         self._session = boto3.Session(
             aws_access_key_id=access_key, aws_secret_access_key=secret_key, aws_session_token=session_token
         )
-        self._drivers: dict[str, EC2NodeDriver] = {}
+        self._drivers: dict[str, tuple[tuple[str, str, str | None], EC2NodeDriver]] = {}
         self._images: dict[tuple[str, str], str] = {}
-        self._exit_codes: dict[str, int | None] = {}  # instance id -> exit code read from its console
+        self._reports: dict[str, Report] = {}  # instance id -> what its console reported
         self._terminated: set[str] = set()  # ids this adapter terminated: their end is not the job's
         self._lock = threading.Lock()
         self._errors: list[ProviderError] = []
@@ -276,31 +234,36 @@ class AwsProvider:
         return self._session.client("ec2", region_name=region, endpoint_url=self.endpoint_url)
 
     def _driver(self, region: str) -> EC2NodeDriver:
-        with self._lock:
-            drv = self._drivers.get(region)
-            if drv is not None:
-                return drv
-            creds = self._session.get_credentials()
-            if creds is None:
-                from broker.errors import AuthError
+        """Libcloud's driver for ``region``, signed with the session's *current* keys: boto3's credentials
+        refresh themselves (instance/task roles, SSO, assumed roles), so the frozen copy is re-read on every
+        use and the driver rebuilt when the keys rotated."""
+        creds = self._session.get_credentials()
+        if creds is None:
+            from broker.errors import AuthError
 
-                raise AuthError(
-                    "aws: no credentials. To fix: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE.",
-                    provider="aws", region=region,
-                )
+            raise AuthError(
+                "aws: no credentials. To fix: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE.",
+                provider="aws", region=region,
+            )
+        with map_errors(self.name, region):
             frozen = creds.get_frozen_credentials()
+        key = (frozen.access_key, frozen.secret_key, frozen.token)
+        with self._lock:
+            have = self._drivers.get(region)
+            if have is not None and have[0] == key:
+                return have[1]
             kwargs: dict[str, Any] = {"region": region, "signature_version": "4"}
             if frozen.token:
                 kwargs["token"] = frozen.token
             if self.endpoint_url:
                 url = urlparse(self.endpoint_url)
-                drv = _ShimDriver(
+                drv: EC2NodeDriver = _ShimDriver(
                     frozen.access_key, frozen.secret_key, host=url.hostname, port=url.port,
                     secure=url.scheme == "https", **kwargs,
                 )
             else:
                 drv = EC2NodeDriver(frozen.access_key, frozen.secret_key, **kwargs)
-            self._drivers[region] = drv
+            self._drivers[region] = (key, drv)
             return drv
 
     # -- offers ---------------------------------------------------------------------------------------------
@@ -449,7 +412,10 @@ class AwsProvider:
         all_tags = launch_tags(tags, request_id)
         image = self._image(region, offer.instance_type.arch)
         # with a command, the VM runs the job, reports its exit code on the console and powers off
-        userdata = completion_script(job.command, job.env, job.workdir) if job is not None and job.command else None
+        userdata = None
+        if job is not None and job.command:
+            userdata = completion_script(job.command, job.env, job.workdir,
+                                         runtime_limit_seconds=runtime_limit_seconds(job, self.max_runtime_hours))
         with map_errors(self.name, region, request_id):
             location = None
             if offer.location.zone:
@@ -480,34 +446,36 @@ class AwsProvider:
         for region in self.regions:
             for node in self._nodes(region, tags):
                 inst = self._to_instance(node, region)
-                code = self._exit_code(node, region)
-                if code is not None:
-                    state = InstanceState.SUCCEEDED if code == 0 else InstanceState.FAILED
-                    inst = dataclasses.replace(inst, state=state, exit_code=code)
+                report = self._report(node, region)
+                if report.exit_code is not None:
+                    state = InstanceState.SUCCEEDED if report.exit_code == 0 else InstanceState.FAILED
+                    inst = dataclasses.replace(inst, state=state, exit_code=report.exit_code,
+                                               log_tail=report.log_tail)
                 out.append(inst)
         return out
 
-    def _exit_code(self, node: Node, region: str) -> int | None:
-        """The job's exit code from the console of an ended instance we did not terminate; cached per id
-        (a miss only once the state is final, since the console of a VM still shutting down may grow)."""
+    def _report(self, node: Node, region: str) -> Report:
+        """The job's exit code and log tail from the console of an ended instance we did not terminate
+        (``GetConsoleOutput`` with ``Latest=true``: the newest output, not the boot-time snapshot); cached per
+        id once a code is read or the state is final (a VM still shutting down may write more)."""
         status = str((node.extra or {}).get("status") or node.state).lower()
         node_id = str(node.id)
         with self._lock:
-            if node_id in self._exit_codes:
-                return self._exit_codes[node_id]
+            if node_id in self._reports:
+                return self._reports[node_id]
             if status not in _ENDED or node_id in self._terminated:
-                return None
+                return Report(None)
         with map_errors(self.name, region):
-            raw = self._ec2(region).get_console_output(InstanceId=node_id).get("Output") or ""
+            raw = self._ec2(region).get_console_output(InstanceId=node_id, Latest=True).get("Output") or ""
         try:
             text = base64.b64decode("".join(str(raw).split()), validate=True).decode("utf-8", "replace")
         except ValueError:
             text = str(raw)  # some emulators return it decoded
-        code = parse_exit_code(text)
-        if code is not None or status in _FINAL:
+        report = parse_report(text)
+        if report.exit_code is not None or status in _FINAL:
             with self._lock:
-                self._exit_codes[node_id] = code
-        return code
+                self._reports[node_id] = report
+        return report
 
     def terminate(self, ids: Sequence[str], request_id: str) -> None:
         if not ids:

@@ -24,6 +24,7 @@ from providers.aws import (
     parse_exit_code,
 )
 from providers.base import TAG_JOB
+from providers.bootstrap import TIMEOUT_EXIT_CODE, job_script, parse_report, runtime_limit_seconds
 
 from .builders import make_job, make_offer
 from .faultproxy import FaultProxy, ec2_call, ec2_console_output
@@ -74,9 +75,10 @@ def test_the_generated_script_runs_the_command_reports_its_exit_code_then_powers
     assert script.rstrip("\n").splitlines()[-1].startswith("echo \"off")  # poweroff is the last step
     proc = subprocess.run([SH, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
-    assert console.read_text() == f"HB-EXIT-CODE={case.exit_code}\n"
-    assert marker.read_text() == f"off HB-EXIT-CODE={case.exit_code}\n"  # console written before poweroff
-    assert parse_exit_code(console.read_text()) == case.exit_code
+    report = parse_report(console.read_text())
+    assert report.exit_code == case.exit_code
+    assert console.read_text().endswith(f"HB-EXIT-CODE={case.exit_code}\n")
+    assert marker.read_text().endswith(f"HB-EXIT-CODE={case.exit_code}\n")  # console written before poweroff
     if case.stdout:
         assert (workdir / "out.txt").read_text() == case.stdout
 
@@ -101,7 +103,41 @@ def test_a_workdir_that_cannot_be_entered_reports_125_without_running_the_comman
     script = completion_script(("touch", str(ran)), workdir=str(blocker / "sub"),
                                consoles=(str(tmp_path / "c"),), poweroff=":")
     subprocess.run([SH, "-c", script], cwd=tmp_path, check=True, timeout=30, capture_output=True)
-    assert (tmp_path / "c").read_text() == "HB-EXIT-CODE=125\n" and not ran.exists()
+    assert parse_exit_code((tmp_path / "c").read_text()) == 125 and not ran.exists()
+
+
+@pytest.mark.skipif(not SH, reason="no sh on PATH to run the generated script with")
+def test_the_log_tail_of_stdout_and_stderr_is_reported_base64_so_it_cannot_fake_a_code(tmp_path: Path) -> None:
+    console = tmp_path / "c"
+    cmd = ("sh", "-c", "for i in 1 2 3; do echo line-$i; done; echo HB-EXIT-CODE=0; echo oops >&2; exit 4")
+    script = job_script(cmd, consoles=(str(console),), poweroff=":", log_tail_bytes=40)
+    subprocess.run([SH, "-c", script], cwd=tmp_path, check=True, timeout=30)
+    report = parse_report(console.read_text())
+    assert report.exit_code == 4  # the job printing the marker does not count: its output is base64
+    assert report.log_tail.endswith("line-3\nHB-EXIT-CODE=0\noops\n") and "line-1" not in report.log_tail
+
+
+@pytest.mark.skipif(not SH or not shutil.which("timeout"), reason="no sh/timeout on PATH")
+def test_a_job_over_its_runtime_limit_is_stopped_with_code_124(tmp_path: Path) -> None:
+    console = tmp_path / "c"
+    script = job_script(("sleep", "30"), consoles=(str(console),), poweroff=":", runtime_limit_seconds=1)
+    subprocess.run([SH, "-c", script], cwd=tmp_path, check=True, timeout=30)
+    assert parse_exit_code(console.read_text()) == TIMEOUT_EXIT_CODE
+
+
+@pytest.mark.skipif(not SH, reason="no sh on PATH to run the generated script with")
+def test_hb_consoles_in_the_environment_redirects_the_report(tmp_path: Path) -> None:
+    console = tmp_path / "serial"
+    script = job_script(("true",), poweroff=":")
+    subprocess.run([SH, "-c", script], cwd=tmp_path, check=True, timeout=30,
+                   env={"PATH": "/usr/bin:/bin", "HB_CONSOLES": str(console)})
+    assert parse_exit_code(console.read_text()) == 0
+
+
+def test_the_runtime_limit_defaults_to_twice_the_estimate_plus_an_hour() -> None:
+    job = make_job("j", command=("true",))
+    assert runtime_limit_seconds(job) == int((2 * job.request.duration_hours + 1) * 3600)
+    assert runtime_limit_seconds(job, 0.5) == 1800
 
 
 def test_the_default_script_reports_on_both_serial_consoles_and_powers_off() -> None:
@@ -174,7 +210,9 @@ def test_a_launch_with_a_command_passes_the_script_and_terminate_on_shutdown(
     _, iid = _launch(aws)
     ec2 = _ec2(moto_endpoint)
     data = ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"]["Value"]
-    assert base64.b64decode(data).decode() == completion_script(("sh", "-c", "exit 3"), {"MODE": "a b"})
+    limit = runtime_limit_seconds(make_job("x", command=("true",)))
+    assert base64.b64decode(data).decode() == completion_script(("sh", "-c", "exit 3"), {"MODE": "a b"},
+                                                                runtime_limit_seconds=limit)
     behaviour = ec2.describe_instance_attribute(InstanceId=iid, Attribute="instanceInitiatedShutdownBehavior")
     assert behaviour["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
     aws.terminate([iid], "cleanup")
@@ -204,11 +242,14 @@ def test_an_ended_vm_reports_the_exit_code_its_console_shows(
     assert [i.state for i in aws.instances({TAG_JOB: job_id})] in ([InstanceState.PENDING], [InstanceState.RUNNING])
     assert _console_calls(ec2_faults, iid) == 0  # running instances cost no console call
     getattr(_ec2(moto_endpoint), end)(InstanceIds=[iid])  # the VM's own poweroff, as AWS shows it
+    tail = base64.b64encode(b"epoch 3 loss 0.1\n").decode()
     ec2_faults.add(ec2_call("GetConsoleOutput", InstanceId=iid),
-                   ec2_console_output(iid, f"[  OK  ] cloud-init\r\nHB-EXIT-CODE={code}\r\nreboot: Power down\r\n"),
+                   ec2_console_output(iid, f"[  OK  ] cloud-init\r\nHB-LOG-TAIL={tail}\r\nHB-EXIT-CODE={code}\r\n"
+                                           "reboot: Power down\r\n"),
                    times=-1)
     [inst] = aws.instances({TAG_JOB: job_id})
-    assert (inst.id, inst.state, inst.exit_code) == (iid, state, code)
+    assert (inst.id, inst.state, inst.exit_code, inst.log_tail) == (iid, state, code, "epoch 3 loss 0.1\n")
+    assert all(c.param("Latest") == "true" for c in ec2_faults.calls if c.action == "GetConsoleOutput")
     assert [i.state for i in aws.instances({TAG_JOB: job_id})] == [state]
     assert _console_calls(ec2_faults, iid) == 1  # cached per instance id
     aws.terminate([iid], "cleanup")
