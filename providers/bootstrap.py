@@ -103,7 +103,7 @@ def job_script(
     if env:
         assigns = " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(env.items()))
         run = f"env {assigns} {run}"
-    wd = shlex.quote(workdir) if workdir else '"$(mktemp -d /tmp/hb-job.XXXXXX)"'
+    wd = shlex.quote(workdir) if workdir else '"$(mktemp -d "${TMPDIR:-/tmp}/hb-job.XXXXXX")"'
     limit = ""
     if runtime_limit_seconds:
         limit = f"timeout -k {KILL_AFTER_SECONDS} {int(runtime_limit_seconds)} "
@@ -112,7 +112,7 @@ def job_script(
         "# hybrid-broker job runner (generated): run the job, report its exit code and log tail on the serial",
         "# console, power off.",
         f"hb_consoles=\"${{HB_CONSOLES:-{' '.join(consoles)}}}\"",
-        'hb_log="$(mktemp /tmp/hb-log.XXXXXX)" || hb_log=/dev/null',
+        'hb_log="$(mktemp "${TMPDIR:-/tmp}/hb-log.XXXXXX")" || hb_log=/dev/null',
         f"hb_wd={wd}",
         'if [ -n "$hb_wd" ] && mkdir -p "$hb_wd" && cd "$hb_wd"; then',
         "  hb_limit=''",

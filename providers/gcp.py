@@ -49,6 +49,7 @@ from broker.errors import AuthError, CapacityError, InvalidRequestError, Provide
 from broker.model import Capacity, Instance, InstanceState, InstanceType, JobSpec, Location, Offer, Provenance
 
 from .base import TAG_REQUEST, Capability, launch_tags, matches_tags, require_count
+from .bootstrap import Report, job_script, parse_report, runtime_limit_seconds
 from .errors import map_errors
 
 __all__ = [
@@ -63,12 +64,15 @@ __all__ = [
     "COMPUTE_SERVICE_ID",
     "DEFAULT_BILLING_URL",
     "TAGS_METADATA_KEY",
+    "STARTUP_SCRIPT_KEY",
 ]
 
 COMPUTE_SERVICE_ID = "6F81-5844-456A"  # the Compute Engine service in the Cloud Billing Catalog
 DEFAULT_BILLING_URL = "https://cloudbilling.googleapis.com"
 DEFAULT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
 TAGS_METADATA_KEY = "hb-tags"
+STARTUP_SCRIPT_KEY = "startup-script"  # run as root by the guest environment at boot; output on serial port 1
+METADATA_VALUE_MAX_BYTES = 256 * 1024  # GCE's limit on one metadata value
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 LABEL_MAX = 63
 
@@ -97,8 +101,9 @@ _STATE = {
     "STAGING": InstanceState.PENDING,
     "RUNNING": InstanceState.RUNNING,
     "REPAIRING": InstanceState.RUNNING,
-    "STOPPING": InstanceState.TERMINATED,
-    "SUSPENDING": InstanceState.TERMINATED,
+    # still ending (the guest powers off after reporting): finished only once the exit code is read
+    "STOPPING": InstanceState.RUNNING,
+    "SUSPENDING": InstanceState.RUNNING,
     "SUSPENDED": InstanceState.TERMINATED,
     "STOPPED": InstanceState.TERMINATED,
     "TERMINATED": InstanceState.TERMINATED,
@@ -348,7 +353,8 @@ class GcpProvider:
 
     name = "gcp"
     capabilities = frozenset(
-        {Capability.SPOT, Capability.GPUS, Capability.MULTI_NODE, Capability.TAGS, Capability.LIVE_PRICES}
+        {Capability.SPOT, Capability.GPUS, Capability.MULTI_NODE, Capability.TAGS, Capability.LIVE_PRICES,
+         Capability.RUNS_WORK}
     )
 
     def __init__(
@@ -365,6 +371,9 @@ class GcpProvider:
         network: str = "default",
         disk_gb: int = 20,
         poll_interval_seconds: float = 2.0,
+        subnetwork: str | None = None,
+        external_ip: bool = True,
+        max_runtime_hours: float | None = None,
     ) -> None:
         path = credentials_file or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
         if not path:
@@ -400,6 +409,10 @@ class GcpProvider:
         self.image = image
         self.network = network
         self.disk_gb = disk_gb
+        self.subnetwork = subnetwork
+        self.external_ip = external_ip
+        self.max_runtime_hours = max_runtime_hours
+        self._reports: dict[str, Report] = {}  # instance id -> what its serial console reported
         self.poll_interval_seconds = poll_interval_seconds
         self._driver_cls = _driver_class(endpoint, ca_bundle, poll_interval_seconds)
         self._drv: Any = None
@@ -566,27 +579,60 @@ class GcpProvider:
                     out.extend(scoped.get("instances") or [])
         return out
 
-    def _create_one(self, drv: Any, offer: Offer, zone: str, name: str, tags: Mapping[str, str]) -> Any:
+    def instance_body(self, offer: Offer, zone: str, name: str, tags: Mapping[str, str],
+                      job: JobSpec | None = None) -> dict[str, Any]:
+        """The ``instances.insert`` body: machine type, one auto-delete boot disk, one NIC (``network`` or
+        ``subnetwork``, an ephemeral external IP unless ``external_ip`` is off), labels, the original tags
+        and, for a job with a command, the ``startup-script`` that runs it (:mod:`providers.bootstrap`) and a
+        ``maxRunDuration`` just past its runtime limit. Spot capacity is a Spot VM (``provisioningModel
+        SPOT``, stopped on preemption so the broker sees it and deletes it), not a legacy preemptible VM."""
         host, model, n = split_gpu_type(offer.instance_type.name)
-        kwargs: dict[str, Any] = {}
+        items = [{"key": TAGS_METADATA_KEY, "value": json.dumps(dict(tags), sort_keys=True)}]
+        scheduling: dict[str, Any] = {"provisioningModel": "STANDARD", "automaticRestart": True,
+                                      "onHostMaintenance": "MIGRATE"}
+        if offer.capacity is Capacity.SPOT:
+            scheduling = {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP",
+                          "automaticRestart": False, "onHostMaintenance": "TERMINATE"}
+        if model or offer.instance_type.gpus:
+            scheduling["onHostMaintenance"] = "TERMINATE"  # GPUs cannot live-migrate
+        if job is not None and job.command:
+            limit = runtime_limit_seconds(job, self.max_runtime_hours)
+            items.append({"key": STARTUP_SCRIPT_KEY, "value": job_script(
+                job.command, job.env, job.workdir, runtime_limit_seconds=limit, provider="gcp",
+                max_bytes=METADATA_VALUE_MAX_BYTES)})
+            scheduling |= {"maxRunDuration": {"seconds": str(limit + 900)}, "instanceTerminationAction": "STOP"}
+        nic: dict[str, Any] = ({"subnetwork": self.subnetwork} if self.subnetwork
+                               else {"network": f"global/networks/{self.network}"})
+        if self.external_ip:
+            nic["accessConfigs"] = [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]
+        body: dict[str, Any] = {
+            "name": name,
+            "machineType": f"zones/{zone}/machineTypes/{host}",
+            "labels": gce_labels(tags),
+            "metadata": {"items": items},
+            "disks": [{"autoDelete": True, "boot": True, "type": "PERSISTENT", "mode": "READ_WRITE",
+                       "deviceName": name,
+                       "initializeParams": {"diskName": name, "diskSizeGb": str(self.disk_gb),
+                                            "diskType": f"zones/{zone}/diskTypes/pd-balanced",
+                                            "sourceImage": self.image, "labels": gce_labels(tags)}}],
+            "networkInterfaces": [nic],
+            "scheduling": scheduling,
+        }
         if model:
-            kwargs |= {"ex_accelerator_type": _gce_accelerator_name(model), "ex_accelerator_count": n,
-                       "ex_on_host_maintenance": "TERMINATE"}
-        elif offer.instance_type.gpus:
-            kwargs["ex_on_host_maintenance"] = "TERMINATE"  # bundled GPUs (a2, g2...) cannot live-migrate
-        disk = {"autoDelete": True, "boot": True, "type": "PERSISTENT", "mode": "READ_WRITE", "deviceName": name,
-                "initializeParams": {"diskName": name, "diskSizeGb": self.disk_gb,
-                                     "diskType": f"zones/{zone}/diskTypes/pd-balanced",
-                                     "sourceImage": self.image}}
+            body["guestAccelerators"] = [{"acceleratorType": f"zones/{zone}/acceleratorTypes/"
+                                          f"{_gce_accelerator_name(model)}", "acceleratorCount": n}]
+        return body
+
+    def _create_one(self, drv: Any, offer: Offer, zone: str, name: str, tags: Mapping[str, str],
+                    job: JobSpec | None = None) -> Any:
+        """``POST /zones/{zone}/instances`` through Libcloud's connection (which waits for the operation and
+        raises its error); Libcloud's own ``create_node`` cannot ask for Spot VMs nor ``maxRunDuration``."""
         try:
-            return drv.create_node(
-                name, host, None, location=zone, ex_network=self.network, ex_disks_gce_struct=[disk],
-                ex_disk_type=None, ex_labels=gce_labels(tags),
-                ex_metadata={TAGS_METADATA_KEY: json.dumps(dict(tags), sort_keys=True)},
-                ex_preemptible=True if offer.capacity is Capacity.SPOT else None, **kwargs,
-            )
+            drv.connection.async_request(f"/zones/{zone}/instances", method="POST",
+                                         data=self.instance_body(offer, zone, name, tags, job))
         except ResourceExistsError:  # created by an earlier try of this request: adopt it
-            return drv.ex_get_node(name, zone)
+            pass
+        return drv.ex_get_node(name, zone)
 
     def launch(
         self,
@@ -632,7 +678,7 @@ class GcpProvider:
                         if name in have:
                             made.append(self._to_instance(have[name]))
                             continue
-                        node = self._create_one(drv, offer, zone, name, all_tags)
+                        node = self._create_one(drv, offer, zone, name, all_tags, job)
                         made.append(replace(self._node_instance(node), instance_type=offer.instance_type.name))
                 return made
             except (CapacityError, InvalidRequestError) as exc:
@@ -662,26 +708,58 @@ class GcpProvider:
         return self._to_instance(raw)
 
     def instances(self, tags: Mapping[str, str] | None = None) -> list[Instance]:
-        """Our instances whose (original) tags include ``tags``. A spot instance found stopped that we did not
-        terminate was preempted: a ``CapacityError`` for it is queued for :meth:`poll_errors`."""
+        """Our instances whose (original) tags include ``tags``. One that stopped without us deleting it is
+        ``succeeded``/``failed`` with the exit code and log tail its serial console shows (one
+        ``getSerialPortOutput`` per ended instance, cached); a Spot VM stopped without that report was
+        preempted: a ``CapacityError`` for it is queued for :meth:`poll_errors`."""
         out: list[Instance] = []
         for raw in self._list_raw(tags):
             inst = self._to_instance(raw)
             if not matches_tags(inst.tags, tags):
                 continue
-            preemptible = bool((raw.get("scheduling") or {}).get("preemptible"))
-            if preemptible and inst.state is InstanceState.TERMINATED:
-                with self._lock:
-                    if inst.id not in self._ended:
-                        self._ended.add(inst.id)
-                        self._errors.append(CapacityError(
-                            f"gcp:{inst.region}: spot instance {inst.id} was preempted. To fix: nothing; the "
-                            "broker reschedules the job (use on-demand capacity to avoid preemption).",
-                            provider="gcp", region=inst.region, request_id=inst.tags.get(TAG_REQUEST),
-                            code="preempted", retryable=True,
-                        ))
+            sched = raw.get("scheduling") or {}
+            spot = bool(sched.get("preemptible")) or sched.get("provisioningModel") == "SPOT"
+            if inst.state is InstanceState.TERMINATED:
+                report = self._report(raw, inst)
+                if report.exit_code is not None:
+                    inst = replace(inst, state=InstanceState.SUCCEEDED if report.exit_code == 0
+                                   else InstanceState.FAILED, exit_code=report.exit_code, log_tail=report.log_tail)
+                elif spot:
+                    self._preempted(inst)
             out.append(inst)
         return out
+
+    def _report(self, raw: Mapping[str, Any], inst: Instance) -> Report:
+        """What the serial console of a stopped instance we did not delete reports (cached per id)."""
+        with self._lock:
+            if inst.id in self._reports:
+                return self._reports[inst.id]
+            if inst.id in self._ended:
+                return Report(None)
+        zone, _, name = inst.id.rpartition("/")
+        drv = self._driver()
+        with map_errors(self.name, inst.region):
+            try:
+                body = drv.connection.request(f"/zones/{zone}/instances/{name}/serialPort", method="GET",
+                                              params={"port": "1"}).object
+            except ResourceNotFoundError:
+                return Report(None)
+        report = parse_report(str((body or {}).get("contents") or ""))
+        with self._lock:
+            self._reports[inst.id] = report
+        return report
+
+    def _preempted(self, inst: Instance) -> None:
+        with self._lock:
+            if inst.id in self._ended:
+                return
+            self._ended.add(inst.id)
+            self._errors.append(CapacityError(
+                f"gcp:{inst.region}: spot instance {inst.id} was preempted. To fix: nothing; the "
+                "broker reschedules the job (use on-demand capacity to avoid preemption).",
+                provider="gcp", region=inst.region, request_id=inst.tags.get(TAG_REQUEST),
+                code="preempted", retryable=True,
+            ))
 
     def terminate(self, ids: Sequence[str], request_id: str) -> None:
         """Delete instances ``<zone>/<name>`` (and their auto-delete boot disks); unknown ids are ignored."""

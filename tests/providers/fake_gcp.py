@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from .fake_azure import ServerThread
+from .guest import Guest
 
 __all__ = ["make_app", "ServerThread", "billing_skus", "operation_error", "ZONES", "MACHINE_TYPES", "RATES"]
 
@@ -67,6 +68,9 @@ REGION_FACTOR = {"us-central1": (1.0, "Americas"), "europe-west1": (1.1, "EMEA")
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+_METADATA_KEY = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
+METADATA_VALUE_MAX = 256 * 1024
+METADATA_TOTAL_MAX = 512 * 1024
 _CLAUSE = re.compile(r'\(?\s*labels\.([a-z0-9_-]+)\s*(?:=\s*"([^"]*)"|:\s*\*)\s*\)?')
 
 
@@ -126,6 +130,58 @@ def _error(status: int, reason: str, message: str) -> JSONResponse:
                         status_code=status)
 
 
+def _invalid_instance(body: dict[str, Any]) -> tuple[str, str] | None:
+    """(reason, message) of what GCE's ``instances.insert`` refuses in ``body`` (Compute API v1 reference:
+    one boot disk with a source image or disk, at least one NIC on a network/subnetwork, metadata key and
+    size rules, Spot VM scheduling rules), else ``None``."""
+    disks = body.get("disks") or []
+    if not disks:
+        return "required", "Invalid value for field 'resource.disks': ''. At least one disk is required."
+    boots = [d for d in disks if d.get("boot")]
+    if len(boots) != 1:
+        return "invalid", "Invalid value for field 'resource.disks': exactly one boot disk must be specified."
+    init = boots[0].get("initializeParams") or {}
+    if not boots[0].get("source") and not init.get("sourceImage"):
+        return "required", "Required field 'resource.disks[0].initializeParams.sourceImage' not specified"
+    nics = body.get("networkInterfaces") or []
+    if not nics:
+        return "required", "Required field 'resource.networkInterfaces' not specified"
+    for n in nics:
+        net = str(n.get("network") or "")
+        if not net and not n.get("subnetwork"):
+            return "required", "Required field 'resource.networkInterfaces[0].network' not specified"
+        if net and net.rsplit("/", 1)[-1] != "default":
+            return "notFound", f"The resource '{net}' was not found"
+    items = (body.get("metadata") or {}).get("items") or []
+    total = 0
+    for item in items:
+        key, value = str(item.get("key", "")), str(item.get("value", ""))
+        if not _METADATA_KEY.match(key):
+            return "invalid", f"Invalid value for field 'resource.metadata': key '{key}'."
+        if len(value.encode()) > METADATA_VALUE_MAX:
+            return "invalid", f"Metadata value for key '{key}' is too large."
+        total += len(value.encode()) + len(key)
+    if total > METADATA_TOTAL_MAX:
+        return "invalid", "The total size of all metadata is too large."
+    sched = body.get("scheduling") or {}
+    model = sched.get("provisioningModel", "STANDARD")
+    if model not in ("STANDARD", "SPOT"):
+        return "invalid", f"Invalid value for field 'resource.scheduling.provisioningModel': '{model}'."
+    if model == "SPOT" and sched.get("preemptible") is False:
+        return "invalid", "Scheduling: a SPOT VM cannot set preemptible to false."
+    if (model == "SPOT" or sched.get("preemptible")) and sched.get("automaticRestart", True) is not False:
+        return "invalid", "Invalid value for field 'resource.scheduling.automaticRestart': 'true'. Spot and " \
+                          "preemptible instances cannot be automatically restarted."
+    if (model == "SPOT" or sched.get("preemptible") or body.get("guestAccelerators")) and \
+            sched.get("onHostMaintenance", "MIGRATE") != "TERMINATE":
+        return "invalid", "Invalid value for field 'resource.scheduling.onHostMaintenance': 'MIGRATE'. " \
+                          "Instances with guest accelerators or Spot/preemptible instances do not support live " \
+                          "migration."
+    if sched.get("maxRunDuration") and sched.get("instanceTerminationAction") not in ("STOP", "DELETE"):
+        return "invalid", "Scheduling.maxRunDuration needs instanceTerminationAction STOP or DELETE."
+    return None
+
+
 def _page(items: list[Any], request: Request, cap: int) -> tuple[list[Any], str | None]:
     size = min(int(request.query_params.get("maxResults", "500")), cap)
     start = int(request.query_params.get("pageToken") or 0)
@@ -149,6 +205,17 @@ def make_app(project: str = "demo-proj", page_cap: int = 2, sku_page_cap: int = 
     app.state.disks = disks
     app.state.requests = []
     app.state.exhausted = set()  # (zone, machine type) with no capacity: inserts end ZONE_RESOURCE_POOL_EXHAUSTED
+    guests: dict[tuple[str, str], Guest] = {}
+    app.state.guests = guests
+
+    def preempt(zone: str, name: str) -> None:
+        """GCE reclaims a Spot VM: the guest dies, the instance stops (instanceTerminationAction STOP)."""
+        g = guests.get((zone, name))
+        if g is not None:
+            g.kill()
+        instances[(zone, name)]["status"] = "TERMINATED"
+
+    app.state.preempt = preempt
     root = f"/compute/v1/projects/{project}"
     link = f"{BASE}/{project}"
 
@@ -261,16 +328,21 @@ def make_app(project: str = "demo-proj", page_cap: int = 2, sku_page_cap: int = 
         for k, v in labels.items():
             if not _LABEL_KEY.match(k) or not _LABEL_VALUE.match(str(v)):
                 return _error(400, "invalid", f"Invalid value for field 'resource.labels': '{k}={v}'.")
+        if not body.get("machineType"):
+            return _error(400, "required", "Required field 'resource.machineType' not specified")
         mtype = str(body.get("machineType", "")).rsplit("/", 1)[-1]
         if mtype not in SOLD_IN[zone]:
             return _error(400, "invalid", f"Invalid value for field 'resource.machineType': '{mtype}'.")
+        problem = _invalid_instance(body)
+        if problem is not None:
+            return _error(400, *problem)
         inst_link = f"{link}/zones/{zone}/instances/{name}"
         if (zone, mtype) in app.state.exhausted:  # GCE accepts the insert, then the operation fails
             return JSONResponse(new_op(zone, "insert", inst_link, lambda: None, "ZONE_RESOURCE_POOL_EXHAUSTED"))
         if (zone, name) in instances:
             return _error(409, "alreadyExists",
                           f"The resource 'projects/{project}/zones/{zone}/instances/{name}' already exists")
-        boot = (body.get("disks") or [{}])[0]
+        boot = next(d for d in body["disks"] if d.get("boot"))
         init = boot.get("initializeParams") or {}
         disk_name = init.get("diskName") or name
         disk_link = f"{link}/zones/{zone}/disks/{disk_name}"
@@ -281,10 +353,11 @@ def make_app(project: str = "demo-proj", page_cap: int = 2, sku_page_cap: int = 
             "type": f"{link}/zones/{zone}/diskTypes/pd-balanced", "users": [inst_link], "selfLink": disk_link,
             "creationTimestamp": _now(),
         }
+        asked = body["networkInterfaces"][0]
         nic = {"kind": "compute#networkInterface", "name": "nic0",
                "network": f"{link}/global/networks/default", "networkIP": f"10.128.0.{len(instances) + 2}",
                "accessConfigs": [{"kind": "compute#accessConfig", "type": "ONE_TO_ONE_NAT", "name": "External NAT",
-                                  "natIP": f"34.1.2.{len(instances) + 2}"}]}
+                                  "natIP": f"34.1.2.{len(instances) + 2}"} for _ in asked.get("accessConfigs") or []]}
         inst = {
             "kind": "compute#instance", "id": str(next(ids)), "creationTimestamp": _now(), "name": name,
             "tags": {"fingerprint": "42WmSpB8rSM="}, "machineType": f"{link}/zones/{zone}/machineTypes/{mtype}",
@@ -304,9 +377,18 @@ def make_app(project: str = "demo-proj", page_cap: int = 2, sku_page_cap: int = 
             inst["guestAccelerators"] = body["guestAccelerators"]
         instances[(zone, name)] = inst
 
+        script = next((i.get("value") for i in inst["metadata"]["items"] if i.get("key") == "startup-script"), None)
+
+        def powered_off() -> None:
+            if (zone, name) in instances:
+                instances[(zone, name)]["status"] = "TERMINATED"
+
+        guest = guests[(zone, name)] = Guest(script, powered_off)
+
         def started() -> None:
             if (zone, name) in instances:
                 instances[(zone, name)]["status"] = "RUNNING"
+                guest.boot()
 
         return JSONResponse(new_op(zone, "insert", inst_link, started))
 
@@ -342,6 +424,9 @@ def make_app(project: str = "demo-proj", page_cap: int = 2, sku_page_cap: int = 
             return _error(404, "notFound",
                           f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
         inst["status"] = "STOPPING"
+        g = guests.pop((zone, name), None)
+        if g is not None:
+            g.cleanup()
 
         def gone() -> None:
             gone_inst = instances.pop((zone, name), None)
@@ -389,6 +474,21 @@ def make_app(project: str = "demo-proj", page_cap: int = 2, sku_page_cap: int = 
             return found
         return JSONResponse({"kind": "compute#instanceList",
                              "items": [i for i in found if i["zone"].endswith(f"/zones/{zone}")]})
+
+    @app.get(f"{root}/zones/{{zone}}/instances/{{name}}/serialPort")
+    def serial_port(zone: str, name: str, request: Request) -> Response:
+        inst = instances.get((zone, name))
+        if inst is None:
+            return _error(404, "notFound",
+                          f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
+        port = request.query_params.get("port", "1")
+        if port not in ("1", "2", "3", "4"):
+            return _error(400, "invalid", f"Invalid value for field 'port': '{port}'. Must be in [1, 4].")
+        g = guests.get((zone, name))
+        text = g.console() if g is not None and port == "1" else ""
+        start = int(request.query_params.get("start") or 0)
+        return JSONResponse({"kind": "compute#serialPortOutput", "contents": text[start:], "start": str(start),
+                             "next": str(len(text)), "selfLink": f"{inst['selfLink']}/serialPort"})
 
     @app.get(f"{root}/zones/{{zone}}/disks/{{name}}")
     def get_disk(zone: str, name: str) -> Response:

@@ -9,22 +9,25 @@ import os
 import random
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from broker.clock import ManualClock
 from broker.errors import AuthError, CapacityError, QuotaError, TransientError
-from broker.model import Capacity, InstanceState, InstanceType, Request, RetryPolicy, SpotPolicy
+from broker.model import Capacity, Instance, InstanceState, InstanceType, Request, RetryPolicy, SpotPolicy
 from providers import registry
 from providers.base import TAG_JOB, TAG_REQUEST, Provider
 from providers.failover import provision
 from providers.gcp import (
+    STARTUP_SCRIPT_KEY,
     TAGS_METADATA_KEY,
     BillingRates,
     GcpProvider,
@@ -35,7 +38,7 @@ from providers.gcp import (
 )
 from providers.refresh import options_from_env, refresh_catalog
 
-from .builders import make_option
+from .builders import make_job, make_option
 from .fake_gcp import RATES, ServerThread, billing_skus, make_app, operation_error
 from .faultproxy import FaultProxy, Seen, gce_error, request
 
@@ -68,6 +71,8 @@ def gcp_fake(pki) -> Iterator[Any]:
     with ServerThread(app, pki.server_cert, pki.server_key) as srv:
         srv.app = app  # type: ignore[attr-defined]
         yield srv
+    for guest in list(app.state.guests.values()):
+        guest.cleanup()
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +238,8 @@ def test_round_trip_launch_list_terminate(gcp: GcpProvider, gcp_fake) -> None:
     assert all(i.tags == {TAG_JOB: "Job/GCP 1", TAG_REQUEST: req} for i in made)  # original tags kept
     raw = gcp_fake.app.state.instances[tuple(made[0].id.split("/"))]
     assert raw["labels"] == {TAG_JOB: "job_gcp_1", TAG_REQUEST: gce_label(req)}
-    assert raw["scheduling"]["preemptible"] is True
+    assert raw["scheduling"]["provisioningModel"] == "SPOT" and "preemptible" not in raw["scheduling"]
+    assert raw["scheduling"]["instanceTerminationAction"] == "STOP"  # stopped, seen, then deleted
     assert json.loads(raw["metadata"]["items"][0]["value"])[TAG_JOB] == "Job/GCP 1"
     assert raw["metadata"]["items"][0]["key"] == TAGS_METADATA_KEY
     again = gcp.launch(offer, 2, req, tags={TAG_JOB: "Job/GCP 1"})
@@ -451,3 +457,126 @@ def test_cli_check_shows_gcp_with_its_credential_source_and_refresh_works(
     assert sorted((o.region, str(o.capacity), round(o.hourly_usd, 6)) for o in n2) == [
         ("europe-west1", "on-demand", round(1.1 * 0.194236, 6)),
         ("europe-west1", "spot", round(1.1 * (4 * 0.007594 + 16 * 0.001018), 6))]
+
+
+# -- jobs: the startup-script runs in the fake's guest, the exit code and log tail come back -------------
+
+
+def wait_done(gcp: GcpProvider, req: str, timeout: float = 30.0) -> Instance:
+    """Poll ``instances()`` (bounded) until the request's one instance has ended."""
+    deadline = time.monotonic() + timeout
+    while True:
+        [inst] = gcp.instances({TAG_REQUEST: req})
+        if inst.state in (InstanceState.SUCCEEDED, InstanceState.FAILED, InstanceState.TERMINATED):
+            return inst
+        assert time.monotonic() < deadline, f"instance still {inst.state} after {timeout}s"
+        time.sleep(0.05)
+
+
+def inventory(gcp_fake, req: str) -> list[str]:
+    """Everything of ``req`` the fake still holds: instances and disks."""
+    want = gce_label(req)
+    disks = [f"disk {z}/{n}" for (z, n), d in gcp_fake.app.state.disks.items()
+             if any(u.rsplit("/", 1)[-1] in {i.split("/")[1] for i in live(gcp_fake, req)} for u in d["users"])
+             or (d.get("labels") or {}).get(TAG_REQUEST) == want]
+    return live(gcp_fake, req) + disks
+
+
+def all_disks(gcp_fake) -> int:
+    return len(gcp_fake.app.state.disks)
+
+
+def _job_offer(gcp: GcpProvider, capacity: Capacity = Capacity.ON_DEMAND, region: str = "us-central1"):
+    return next(o for o in gcp.offers() if o.instance_type.name == "e2-small" and o.capacity is capacity
+                and o.region == region)
+
+
+JOB_CASES = [
+    ("a command that succeeds ends SUCCEEDED with code 0 and its output", ("sh", "-c", "echo hello from $WHO"),
+     InstanceState.SUCCEEDED, 0, "hello from gce\n"),
+    ("a failing command ends FAILED with its own code and stderr", ("sh", "-c", "echo broke >&2; exit 7"),
+     InstanceState.FAILED, 7, "broke\n"),
+]
+
+
+@pytest.mark.parametrize(("command", "state", "code", "tail"), [c[1:] for c in JOB_CASES],
+                         ids=[c[0] for c in JOB_CASES])
+def test_a_job_runs_in_the_startup_script_and_reports_through_the_serial_port(
+    gcp: GcpProvider, gcp_fake, command, state, code, tail
+) -> None:
+    req = new_request()
+    disks_before = all_disks(gcp_fake)
+    job = make_job("gce-job", command=command, env={"WHO": "gce"})
+    [inst] = gcp.launch(_job_offer(gcp), 1, req, tags={TAG_JOB: "gce-job"}, job=job)
+    raw = gcp_fake.app.state.instances[tuple(inst.id.split("/"))]
+    script = next(i["value"] for i in raw["metadata"]["items"] if i["key"] == STARTUP_SCRIPT_KEY)
+    assert script.startswith("#!/bin/sh\n") and "maxRunDuration" in raw["scheduling"]
+    done = wait_done(gcp, req)
+    assert (done.state, done.exit_code, done.log_tail) == (state, code, tail)
+    gcp.terminate([done.id], req)
+    assert inventory(gcp_fake, req) == [] and all_disks(gcp_fake) == disks_before
+
+
+def test_a_cancelled_job_is_deleted_with_its_disk(gcp: GcpProvider, gcp_fake) -> None:
+    req = new_request()
+    disks_before = all_disks(gcp_fake)
+    [inst] = gcp.launch(_job_offer(gcp), 1, req, tags={TAG_JOB: "gce-cancel"},
+                        job=make_job("gce-cancel", command=("sleep", "30")))
+    assert [i.state for i in gcp.instances({TAG_REQUEST: req})] == [InstanceState.RUNNING]
+    gcp.terminate([inst.id], f"{req}:cancel")
+    assert inventory(gcp_fake, req) == [] and all_disks(gcp_fake) == disks_before
+
+
+def test_a_preempted_spot_job_is_reported_and_leaves_nothing_once_deleted(gcp: GcpProvider, gcp_fake) -> None:
+    req = new_request()
+    disks_before = all_disks(gcp_fake)
+    [inst] = gcp.launch(_job_offer(gcp, Capacity.SPOT), 1, req, tags={TAG_JOB: "gce-spot"},
+                        job=make_job("gce-spot", command=("sleep", "30")))
+    gcp_fake.app.state.preempt(*inst.id.split("/"))
+    done = wait_done(gcp, req)
+    assert (done.state, done.exit_code) == (InstanceState.TERMINATED, None)  # no report: the job did not end
+    [err] = gcp.poll_errors()
+    assert isinstance(err, CapacityError) and err.code == "preempted"
+    gcp.terminate([done.id], req)
+    assert inventory(gcp_fake, req) == [] and all_disks(gcp_fake) == disks_before
+
+
+def test_a_stocked_out_region_fails_over_and_the_job_runs_in_the_next(gcp: GcpProvider, gcp_fake,
+                                                                     gce_faults: FaultProxy) -> None:
+    for z in ("us-central1-a", "us-central1-b"):
+        gcp_fake.app.state.exhausted.add((z, "e2-small"))
+    disks_before = all_disks(gcp_fake)
+    req = new_request()
+    central = make_option("gcp", "us-central1", "e2-small", 0.02)
+    europe = make_option("gcp", "europe-west1", "e2-small", 0.022)
+    out = provision([central, europe], lambda name: gcp, request_id=req, tags={TAG_JOB: "gce-fo"},
+                    job=make_job("gce-fo", command=("sh", "-c", "exit 0")), retry=RetryPolicy(),
+                    clock=ManualClock(), rng=random.Random(1))
+    assert [a.outcome for a in out.attempts] == ["capacity", "launched"] and out.option == europe
+    done = wait_done(gcp, req)
+    assert (done.region, done.state, done.exit_code) == ("europe-west1", InstanceState.SUCCEEDED, 0)
+    gcp.terminate([done.id], req)
+    assert inventory(gcp_fake, req) == [] and all_disks(gcp_fake) == disks_before
+
+
+STRICT_CASES = [
+    ("no boot disk", lambda b: b.update(disks=[]), "required"),
+    ("a boot disk without an image", lambda b: b["disks"][0]["initializeParams"].pop("sourceImage"), "required"),
+    ("no network interface", lambda b: b.pop("networkInterfaces"), "required"),
+    ("an unknown network", lambda b: b["networkInterfaces"][0].update(network="global/networks/nope"),
+     "notFound"),
+    ("a Spot VM that restarts automatically", lambda b: b["scheduling"].update(automaticRestart=True),
+     "invalid"),
+    ("a bad metadata key", lambda b: b["metadata"]["items"].append({"key": "bad key!", "value": "x"}), "invalid"),
+    ("no machine type", lambda b: b.pop("machineType"), "required"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "reason"), [c[1:] for c in STRICT_CASES], ids=[c[0] for c in STRICT_CASES])
+def test_the_fake_refuses_inserts_gce_refuses(gcp: GcpProvider, gcp_fake, pki, mutate, reason) -> None:
+    offer = _job_offer(gcp, Capacity.SPOT)
+    body = gcp.instance_body(offer, "us-central1-a", f"hb-strict-{uuid.uuid4().hex[:6]}", {TAG_REQUEST: "s"})
+    mutate(body)
+    resp = httpx.post(f"{gcp_fake.url}/compute/v1/projects/{PROJECT}/zones/us-central1-a/instances", json=body,
+                      headers={"Authorization": "Bearer fake"}, verify=pki.ca_cert, timeout=10)
+    assert resp.status_code in (400, 404) and resp.json()["error"]["errors"][0]["reason"] == reason
