@@ -17,6 +17,8 @@ Credentials: an explicit ``credential``, else ``ClientSecretCredential`` from ``
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import hashlib
 import os
 import threading
@@ -29,16 +31,21 @@ import httpx
 from azure.core.exceptions import ResourceNotFoundError
 from azure.mgmt.compute import ComputeManagementClient
 
-from broker.errors import AuthError, ProviderError
+from broker.errors import AuthError, CapacityError, ProviderError
 from broker.model import Capacity, Instance, InstanceState, InstanceType, JobSpec, Location, Offer, Provenance
 
 from .base import TAG_REQUEST, Capability, launch_tags, matches_tags, require_count
+from .bootstrap import Report, job_script, parse_report, runtime_limit_seconds
 from .errors import map_errors
 
-__all__ = ["AzureProvider", "parse_retail_prices", "DEFAULT_PRICES_URL", "accelerator_of"]
+__all__ = ["AzureProvider", "parse_retail_prices", "DEFAULT_PRICES_URL", "accelerator_of", "power_state",
+           "CUSTOM_DATA_MAX_BYTES", "VNET_PREFIX", "SUBNET_PREFIX"]
 
 DEFAULT_PRICES_URL = "https://prices.azure.com/api/retail/prices"
 PRICES_API_VERSION = "2023-01-01-preview"
+CUSTOM_DATA_MAX_BYTES = 64 * 1024  # osProfile.customData: at most 65535 bytes before base64
+VNET_PREFIX = "10.77.0.0/16"  # the adapter's own VNet per region when no subnet_id is configured
+SUBNET_PREFIX = "10.77.0.0/20"
 DEFAULT_IMAGE = {"publisher": "Canonical", "offer": "0001-com-ubuntu-server-jammy", "sku": "22_04-lts-gen2",
                  "version": "latest"}
 _CONTINENT = {"eastus": "na", "eastus2": "na", "westus": "na", "westus2": "na", "westus3": "na",
@@ -101,15 +108,42 @@ def _vm_state(vm: Any) -> InstanceState:
     }.get(state.lower(), InstanceState.UNKNOWN)
 
 
+def power_state(vm: Any) -> str:
+    """``running`` / ``stopped`` / ``deallocated`` ... from a VM's instance view (``PowerState/<x>``), else ``""``."""
+    props = getattr(vm, "properties", None)
+    view = getattr(props, "instance_view", None) or getattr(vm, "instance_view", None)
+    for status in getattr(view, "statuses", None) or []:
+        code = str(getattr(status, "code", "") or "")
+        if code.startswith("PowerState/"):
+            return code.split("/", 1)[1].lower()
+    return ""
+
+
+def _ssh_public_key() -> str:
+    """A fresh RSA public key in OpenSSH form, for VMs nobody logs in to: Azure requires a key or a password
+    for the admin account; the private half is never kept (jobs report through the serial console)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=3072)
+    return key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                         serialization.PublicFormat.OpenSSH).decode() + " hybrid-broker"
+
+
 class AzureProvider:
     """Azure VMs in ``regions`` of ``subscription_id``, in ``resource_group`` (see the module docstring).
 
     ``base_url`` and ``connection_verify`` (a CA bundle path) point the SDK at another ARM endpoint (tests,
-    sovereign clouds); ``subnet_id`` is the subnet new VMs join (required by real Azure)."""
+    sovereign clouds). Networking: each VM gets its own NIC (deleted with the VM) in ``subnet_id`` (a subnet
+    resource id, or ``{region: id}``); without one the adapter creates a VNet ``hb-vnet-<region>``
+    (``10.77.0.0/16``) with subnet ``default`` in ``resource_group`` per region. The resource group itself
+    is created (in the first region) when missing. The admin account takes ``ssh_public_key``, else a key
+    made here whose private half is discarded."""
 
     name = "azure"
     capabilities = frozenset(
-        {Capability.SPOT, Capability.GPUS, Capability.MULTI_NODE, Capability.TAGS, Capability.LIVE_PRICES}
+        {Capability.SPOT, Capability.GPUS, Capability.MULTI_NODE, Capability.TAGS, Capability.LIVE_PRICES,
+         Capability.RUNS_WORK}
     )
 
     def __init__(
@@ -122,10 +156,11 @@ class AzureProvider:
         base_url: str | None = None,
         connection_verify: str | bool | None = None,
         prices_url: str = DEFAULT_PRICES_URL,
-        subnet_id: str | None = None,
+        subnet_id: str | Mapping[str, str] | None = None,
         image: Mapping[str, str] | None = None,
         admin_username: str = "hb",
         ssh_public_key: str | None = None,
+        max_runtime_hours: float | None = None,
     ) -> None:
         sub = subscription_id or os.environ.get("AZURE_SUBSCRIPTION_ID")
         if not sub:
@@ -144,6 +179,11 @@ class AzureProvider:
         self.image = dict(image or DEFAULT_IMAGE)
         self.admin_username = admin_username
         self.ssh_public_key = ssh_public_key
+        self.max_runtime_hours = max_runtime_hours
+        self._group_ready = False
+        self._subnets: dict[str, str] = {}
+        self._reports: dict[str, Report] = {}  # VM name -> what its serial log reported
+        self._ended: set[str] = set()  # VMs we deleted, or whose eviction was already reported
         self._lock = threading.Lock()
         self._errors: list[ProviderError] = []
         self.last_provenance: list[Provenance] = []
@@ -163,17 +203,80 @@ class AzureProvider:
                 self._credential = DefaultAzureCredential()
         return self._credential
 
-    @contextmanager
-    def _client(self, region: str | None = None, request_id: str | None = None) -> Iterator[Any]:
+    def _kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"retry_total": 0}
         if self.base_url:
             kwargs["base_url"] = self.base_url
             kwargs["polling_interval"] = 0
         if self.connection_verify is not None:
             kwargs["connection_verify"] = self.connection_verify
+        return kwargs
+
+    @contextmanager
+    def _client(self, region: str | None = None, request_id: str | None = None) -> Iterator[Any]:
         with map_errors(self.name, region, request_id):
-            with ComputeManagementClient(self._cred(), self.subscription_id, **kwargs) as client:
+            with ComputeManagementClient(self._cred(), self.subscription_id, **self._kwargs()) as client:
                 yield client
+
+    @contextmanager
+    def _network(self, region: str | None = None, request_id: str | None = None) -> Iterator[Any]:
+        from azure.mgmt.network import NetworkManagementClient
+
+        with map_errors(self.name, region, request_id):
+            with NetworkManagementClient(self._cred(), self.subscription_id, **self._kwargs()) as client:
+                yield client
+
+    def _ensure_group(self, request_id: str | None = None) -> None:
+        """Create ``resource_group`` (in the first region) when missing; once per adapter."""
+        if self._group_ready:
+            return
+        from azure.mgmt.resource.resources import ResourceManagementClient
+
+        with map_errors(self.name, self.regions[0], request_id):
+            with ResourceManagementClient(self._cred(), self.subscription_id, **self._kwargs()) as rm:
+                if not rm.resource_groups.check_existence(self.resource_group):
+                    rm.resource_groups.create_or_update(
+                        self.resource_group, {"location": self.regions[0], "tags": {"hb-managed": "true"}})
+        self._group_ready = True
+
+    def _subnet(self, region: str, request_id: str | None = None) -> str:
+        """The subnet id VMs in ``region`` join: configured, else the adapter's own VNet (created once)."""
+        if isinstance(self.subnet_id, str):
+            return self.subnet_id
+        if isinstance(self.subnet_id, Mapping) and region in self.subnet_id:
+            return str(self.subnet_id[region])
+        if region in self._subnets:
+            return self._subnets[region]
+        vnet = f"hb-vnet-{region}"
+        body = {"location": region, "tags": {"hb-managed": "true"},
+                "properties": {"addressSpace": {"addressPrefixes": [VNET_PREFIX]},
+                               "subnets": [{"name": "default", "properties": {"addressPrefix": SUBNET_PREFIX}}]}}
+        with self._network(region, request_id) as net:
+            try:
+                net.virtual_networks.get(self.resource_group, vnet)
+            except ResourceNotFoundError:
+                net.virtual_networks.begin_create_or_update(self.resource_group, vnet, body).result()
+        sid = (f"/subscriptions/{self.subscription_id}/resourceGroups/{self.resource_group}/providers/"
+               f"Microsoft.Network/virtualNetworks/{vnet}/subnets/default")
+        self._subnets[region] = sid
+        return sid
+
+    def _nic(self, region: str, name: str, tags: Mapping[str, str], request_id: str) -> str:
+        """Create (or find) the VM's NIC ``<name>-nic`` and return its id."""
+        body = {"location": region, "tags": dict(tags),
+                "properties": {"ipConfigurations": [{"name": "ipconfig1", "properties": {
+                    "privateIPAllocationMethod": "Dynamic", "subnet": {"id": self._subnet(region, request_id)}}}]}}
+        with self._network(region, request_id) as net:
+            nic = net.network_interfaces.begin_create_or_update(self.resource_group, f"{name}-nic", body).result()
+        return str(nic.id)
+
+    def _delete_nics(self, names: Sequence[str], request_id: str | None = None) -> None:
+        with self._network(None, request_id) as net:
+            for name in names:
+                try:
+                    net.network_interfaces.begin_delete(self.resource_group, name).result()
+                except ResourceNotFoundError:
+                    continue
 
     # -- offers ---------------------------------------------------------------------------------------------
 
@@ -246,14 +349,26 @@ class AzureProvider:
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
-    def _vm_body(self, offer: Offer, name: str, tags: Mapping[str, str]) -> dict[str, Any]:
-        os_profile: dict[str, Any] = {"computerName": name, "adminUsername": self.admin_username}
-        if self.ssh_public_key:
-            os_profile["linuxConfiguration"] = {
+    def _vm_body(self, offer: Offer, name: str, tags: Mapping[str, str], nic_id: str,
+                 job: JobSpec | None = None) -> dict[str, Any]:
+        """The VM PUT body: size, image, OS disk and NIC deleted with the VM, an admin account with an SSH key,
+        boot diagnostics on (managed storage: the serial log is how the job reports), the job's start-up
+        script as cloud-init custom data, and spot settings (``Deallocate`` on eviction, so the broker sees
+        the eviction and deletes the VM)."""
+        key = self.ssh_public_key or self._generated_key()
+        os_profile: dict[str, Any] = {
+            "computerName": name, "adminUsername": self.admin_username,
+            "linuxConfiguration": {
                 "disablePasswordAuthentication": True,
                 "ssh": {"publicKeys": [{"path": f"/home/{self.admin_username}/.ssh/authorized_keys",
-                                        "keyData": self.ssh_public_key}]},
-            }
+                                        "keyData": key}]},
+            },
+        }
+        if job is not None and job.command:
+            script = job_script(job.command, job.env, job.workdir, provider="azure",
+                                runtime_limit_seconds=runtime_limit_seconds(job, self.max_runtime_hours),
+                                max_bytes=CUSTOM_DATA_MAX_BYTES)
+            os_profile["customData"] = base64.b64encode(script.encode()).decode()
         props: dict[str, Any] = {
             "hardwareProfile": {"vmSize": offer.instance_type.name},
             "storageProfile": {
@@ -262,23 +377,22 @@ class AzureProvider:
                            "managedDisk": {"storageAccountType": "StandardSSD_LRS"}},
             },
             "osProfile": os_profile,
+            "networkProfile": {"networkInterfaces": [
+                {"id": nic_id, "properties": {"primary": True, "deleteOption": "Delete"}}]},
+            "diagnosticsProfile": {"bootDiagnostics": {"enabled": True}},
         }
-        if self.subnet_id:
-            props["networkProfile"] = {
-                "networkApiVersion": "2020-11-01",
-                "networkInterfaceConfigurations": [{
-                    "name": f"{name}-nic",
-                    "properties": {"primary": True, "deleteOption": "Delete",
-                                   "ipConfigurations": [{"name": "ipconfig1",
-                                                         "properties": {"subnet": {"id": self.subnet_id}}}]},
-                }],
-            }
         if offer.capacity is Capacity.SPOT:
-            props.update({"priority": "Spot", "evictionPolicy": "Delete", "billingProfile": {"maxPrice": -1}})
+            props.update({"priority": "Spot", "evictionPolicy": "Deallocate", "billingProfile": {"maxPrice": -1}})
         body: dict[str, Any] = {"location": offer.region, "tags": dict(tags), "properties": props}
         if offer.location.zone:
             body["zones"] = [offer.location.zone]
         return body
+
+    def _generated_key(self) -> str:
+        with self._lock:
+            if not self.ssh_public_key:
+                self.ssh_public_key = _ssh_public_key()
+            return self.ssh_public_key
 
     def _to_instance(self, vm: Any) -> Instance:
         props = getattr(vm, "properties", None)
@@ -308,35 +422,110 @@ class AzureProvider:
         all_tags = launch_tags(tags, request_id)
         digest = hashlib.sha256(request_id.encode()).hexdigest()[:10]
         names = [f"hb-{digest}-{n}" for n in range(count)]
+        self._ensure_group(request_id)
         with self._client(offer.region, request_id) as c:
             have = {vm.name: vm for vm in c.virtual_machines.list(self.resource_group)
                     if (vm.tags or {}).get(TAG_REQUEST) == request_id}
-            made = []
-            for name in names:
-                if name in have:
-                    made.append(have[name])
-                    continue
-                poller = c.virtual_machines.begin_create_or_update(
-                    self.resource_group, name, self._vm_body(offer, name, all_tags)
-                )
-                made.append(poller.result())
+        made = []
+        for name in names:
+            if name in have:
+                made.append(have[name])
+                continue
+            nic_id = self._nic(offer.region, name, all_tags, request_id)
+            try:
+                with self._client(offer.region, request_id) as c:
+                    poller = c.virtual_machines.begin_create_or_update(
+                        self.resource_group, name, self._vm_body(offer, name, all_tags, nic_id, job))
+                    made.append(poller.result())
+            except ProviderError:
+                # a VM that failed to be created leaves its NIC behind: delete it (the VM, if any, is
+                # found by tag and deleted by the failover cleanup)
+                try:
+                    with self._client(offer.region, request_id) as c:
+                        c.virtual_machines.get(self.resource_group, name)
+                except ProviderError:
+                    self._delete_nics([f"{name}-nic"], request_id)
+                raise
         return [self._to_instance(vm) for vm in made]
 
     def instances(self, tags: Mapping[str, str] | None = None) -> list[Instance]:
+        """Our VMs matching ``tags``, listed with their instance view (one call). A VM that stopped without us
+        deleting it is ``succeeded``/``failed`` with the exit code and log tail its serial log shows (boot
+        diagnostics: ``retrieveBootDiagnosticsData`` then the log blob, once per VM); a spot VM deallocated
+        without that report was evicted: a ``CapacityError`` for it is queued for :meth:`poll_errors`."""
         with self._client() as c:
-            vms = list(c.virtual_machines.list(self.resource_group))
-        return [self._to_instance(vm) for vm in vms
-                if TAG_REQUEST in (vm.tags or {}) and matches_tags(vm.tags or {}, tags)]
+            vms = list(c.virtual_machines.list(self.resource_group, expand="instanceView"))
+        out: list[Instance] = []
+        for vm in vms:
+            if TAG_REQUEST not in (vm.tags or {}) or not matches_tags(vm.tags or {}, tags):
+                continue
+            inst = self._to_instance(vm)
+            power = power_state(vm)
+            if inst.state is InstanceState.RUNNING and power in ("stopping", "deallocating"):
+                pass  # still ending: the serial log may not hold the report yet
+            elif inst.state is InstanceState.RUNNING and power in ("stopped", "deallocated"):
+                report = self._report(inst)
+                props = getattr(vm, "properties", None)
+                priority = getattr(props, "priority", None) or getattr(vm, "priority", None)
+                spot = str(getattr(priority, "value", priority) or "").lower() == "spot"
+                if report.exit_code is not None:
+                    inst = dataclasses.replace(
+                        inst, state=InstanceState.SUCCEEDED if report.exit_code == 0 else InstanceState.FAILED,
+                        exit_code=report.exit_code, log_tail=report.log_tail)
+                else:
+                    inst = dataclasses.replace(inst, state=InstanceState.TERMINATED)
+                    if spot:
+                        self._evicted(inst)
+            out.append(inst)
+        return out
+
+    def _report(self, inst: Instance) -> Report:
+        with self._lock:
+            if inst.id in self._reports:
+                return self._reports[inst.id]
+            if inst.id in self._ended:
+                return Report(None)
+        with self._client(inst.region) as c:
+            data = c.virtual_machines.retrieve_boot_diagnostics_data(self.resource_group, inst.id,
+                                                                     sas_uri_expiration_time_in_minutes=5)
+        uri = getattr(data, "serial_console_log_blob_uri", None)
+        text = ""
+        if uri:
+            verify: Any = self.connection_verify if self.connection_verify is not None else True
+            with map_errors(self.name, inst.region):
+                resp = httpx.get(str(uri), timeout=60.0, verify=verify)
+                resp.raise_for_status()
+                text = resp.text
+        report = parse_report(text)
+        with self._lock:
+            self._reports[inst.id] = report
+        return report
+
+    def _evicted(self, inst: Instance) -> None:
+        with self._lock:
+            if inst.id in self._ended:
+                return
+            self._ended.add(inst.id)
+            self._errors.append(CapacityError(
+                f"azure:{inst.region}: spot VM {inst.id} was evicted. To fix: nothing; the broker reschedules "
+                "the job (use on-demand capacity to avoid evictions).",
+                provider="azure", region=inst.region, request_id=inst.tags.get(TAG_REQUEST), code="evicted",
+                retryable=True))
 
     def terminate(self, ids: Sequence[str], request_id: str) -> None:
+        """Delete VMs by name (their OS disk and NIC go with them: ``deleteOption Delete``), then any NIC of
+        theirs left behind; unknown names are ignored."""
         if not ids:
             return
         with self._client(None, request_id) as c:
             for name in ids:
+                with self._lock:
+                    self._ended.add(name)
                 try:
                     c.virtual_machines.begin_delete(self.resource_group, name).result()
                 except ResourceNotFoundError:
                     continue
+        self._delete_nics([f"{name}-nic" for name in ids], request_id)
 
     def poll_errors(self) -> list[ProviderError]:
         with self._lock:

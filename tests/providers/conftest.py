@@ -82,6 +82,8 @@ def azure_fake(pki):
     with ServerThread(app, pki.server_cert, pki.server_key) as srv:
         srv.app = app  # type: ignore[attr-defined]
         yield srv
+    for guest in list(app.state.guests.values()):
+        guest.cleanup()
 
 
 @pytest.fixture(scope="session")

@@ -4,19 +4,21 @@ Retail Prices API, with a fault proxy in front that answers ARM's own error payl
 from __future__ import annotations
 
 import random
+import time
 import uuid
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from broker.clock import ManualClock
 from broker.errors import AuthError, CapacityError
-from broker.model import Capacity, InstanceState, RetryPolicy
+from broker.model import Capacity, Instance, InstanceState, RetryPolicy
 from providers.azure import AzureProvider, accelerator_of, parse_retail_prices
 from providers.base import TAG_JOB, TAG_REQUEST, Provider
 from providers.failover import provision
 
-from .builders import make_option
+from .builders import make_job, make_offer, make_option
 from .conftest import FakeCredential
 from .fake_azure import price_rows
 from .faultproxy import FaultProxy, arm_error, request, throttle
@@ -120,3 +122,160 @@ def test_a_vm_created_behind_an_error_is_deleted_on_abandon(azure: AzureProvider
     assert isinstance(out.error, CapacityError)
     assert live_vms(azure_fake, req) == []
     assert any(c.method == "DELETE" for c in arm_faults.calls)
+
+
+# -- jobs: cloud-init custom data runs in the fake's guest; the exit code comes back through boot diagnostics
+
+
+def inventory(azure_fake, request_id: str) -> list[str]:
+    """VMs, NICs and disks of ``request_id`` the fake still holds (disks by the VM that owns them)."""
+    st = azure_fake.app.state
+    vms = [f"vm {vm['name']}" for vm in st.vms.values() if vm["tags"].get(TAG_REQUEST) == request_id]
+    nics = [f"nic {n['name']}" for n in st.nics.values() if n["tags"].get(TAG_REQUEST) == request_id]
+    names = {v.split(" ", 1)[1] for v in vms} | {n["name"].removesuffix("-nic") for n in st.nics.values()
+                                                 if n["tags"].get(TAG_REQUEST) == request_id}
+    disks = [f"disk {d['name']}" for d in st.disks.values() if d["name"].split("_OsDisk")[0] in names
+             or (d.get("managedBy") or "").rsplit("/", 1)[-1] in names]
+    return vms + nics + disks
+
+
+def orphan_disks(azure_fake) -> list[str]:
+    return [d["name"] for d in azure_fake.app.state.disks.values()
+            if not any(d["managedBy"] == vm["id"] for vm in azure_fake.app.state.vms.values())]
+
+
+def wait_done(azure: AzureProvider, req: str, timeout: float = 30.0) -> Instance:
+    deadline = time.monotonic() + timeout
+    while True:
+        [inst] = azure.instances({TAG_REQUEST: req})
+        if inst.state in (InstanceState.SUCCEEDED, InstanceState.FAILED, InstanceState.TERMINATED):
+            return inst
+        assert time.monotonic() < deadline, f"VM still {inst.state} after {timeout}s"
+        time.sleep(0.05)
+
+
+def _offer(azure: AzureProvider, capacity: Capacity = Capacity.ON_DEMAND, region: str = "eastus"):
+    return next(o for o in azure.offers() if o.instance_type.name == "Standard_D2s_v5" and o.region == region
+                and o.capacity is capacity)
+
+
+AZ_JOBS = [
+    ("a command that succeeds ends SUCCEEDED with code 0 and its output", ("sh", "-c", "echo hi from $WHO"),
+     InstanceState.SUCCEEDED, 0, "hi from azure\n"),
+    ("a failing command ends FAILED with its own code", ("sh", "-c", "echo bad >&2; exit 9"),
+     InstanceState.FAILED, 9, "bad\n"),
+]
+
+
+@pytest.mark.parametrize(("command", "state", "code", "tail"), [c[1:] for c in AZ_JOBS], ids=[c[0] for c in AZ_JOBS])
+def test_a_job_runs_from_custom_data_and_reports_through_boot_diagnostics(
+    azure: AzureProvider, azure_fake, command, state, code, tail
+) -> None:
+    req = f"req-{uuid.uuid4().hex[:8]}"
+    job = make_job("az-job", command=command, env={"WHO": "azure"})
+    [inst] = azure.launch(_offer(azure), 1, req, tags={TAG_JOB: "az-job"}, job=job)
+    vm = azure_fake.app.state.vms[("sub-1", "hybrid-broker", inst.id)]
+    assert "customData" not in vm["properties"]["osProfile"]  # write-only, as in ARM
+    assert vm["hb_custom_data"].startswith("#!/bin/sh\n")
+    assert vm["properties"]["networkProfile"]["networkInterfaces"][0]["id"].endswith(f"/{inst.id}-nic")
+    done = wait_done(azure, req)
+    assert (done.state, done.exit_code, done.log_tail) == (state, code, tail)
+    azure.terminate([done.id], req)
+    assert inventory(azure_fake, req) == [] and orphan_disks(azure_fake) == []
+
+
+def test_a_cancelled_job_leaves_no_vm_nic_or_disk(azure: AzureProvider, azure_fake) -> None:
+    req = f"req-{uuid.uuid4().hex[:8]}"
+    [inst] = azure.launch(_offer(azure), 1, req, tags={TAG_JOB: "az-cancel"},
+                          job=make_job("az-cancel", command=("sleep", "30")))
+    assert [i.state for i in azure.instances({TAG_REQUEST: req})] == [InstanceState.RUNNING]
+    azure.terminate([inst.id], f"{req}:cancel")
+    assert inventory(azure_fake, req) == [] and orphan_disks(azure_fake) == []
+
+
+def test_an_evicted_spot_vm_is_reported_once_and_deleted(azure: AzureProvider, azure_fake) -> None:
+    req = f"req-{uuid.uuid4().hex[:8]}"
+    [inst] = azure.launch(_offer(azure, Capacity.SPOT), 1, req, tags={TAG_JOB: "az-spot"},
+                          job=make_job("az-spot", command=("sleep", "30")))
+    vm = azure_fake.app.state.vms[("sub-1", "hybrid-broker", inst.id)]
+    assert vm["properties"]["evictionPolicy"] == "Deallocate"
+    azure_fake.app.state.evict(inst.id)
+    done = wait_done(azure, req)
+    assert (done.state, done.exit_code) == (InstanceState.TERMINATED, None)
+    [err] = azure.poll_errors()
+    assert isinstance(err, CapacityError) and err.code == "evicted"
+    azure.instances({TAG_REQUEST: req})
+    assert azure.poll_errors() == []
+    azure.terminate([done.id], req)
+    assert inventory(azure_fake, req) == []
+
+
+def test_a_capacity_error_fails_over_runs_the_job_and_leaves_nothing(azure: AzureProvider, arm_faults: FaultProxy,
+                                                                     azure_fake) -> None:
+    arm_faults.add(request("PUT", "/virtualMachines/"), arm_error("AllocationFailed"))
+    req = f"req-{uuid.uuid4().hex[:8]}"
+    out = provision([EAST, WEST], lambda name: azure, request_id=req, tags={TAG_JOB: "az-fo"},
+                    job=make_job("az-fo", command=("true",)), retry=DEFAULT_RETRY, clock=ManualClock(),
+                    rng=random.Random(3))
+    assert [a.outcome for a in out.attempts] == ["capacity", "launched"] and out.option == WEST
+    done = wait_done(azure, req)
+    assert (done.region, done.state, done.exit_code) == ("westeurope", InstanceState.SUCCEEDED, 0)
+    azure.terminate([done.id], req)
+    assert inventory(azure_fake, req) == [] and orphan_disks(azure_fake) == []
+
+
+def test_the_resource_group_and_vnet_are_created_when_missing(arm_faults: FaultProxy, pki, azure_fake) -> None:
+    rg = f"hb-rg-{uuid.uuid4().hex[:6]}"
+    az = AzureProvider("sub-1", regions=["eastus"], resource_group=rg, credential=FakeCredential(),
+                       base_url=arm_faults.url, connection_verify=pki.ca_cert,
+                       prices_url=arm_faults.url + "/api/retail/prices")
+    [inst] = az.launch(make_offer("azure", "eastus", "Standard_D2s_v5", 0.096), 1, "req-rg", tags={TAG_JOB: "rg"})
+    st = azure_fake.app.state
+    assert ("sub-1", rg) in st.groups and ("sub-1", rg, "hb-vnet-eastus") in st.vnets
+    az.terminate([inst.id], "req-rg")
+    assert not [n for n in st.nics.values() if n["tags"].get(TAG_REQUEST) == "req-rg"]
+
+
+def _body(azure: AzureProvider) -> dict:
+    nic = ("/subscriptions/sub-1/resourceGroups/hybrid-broker/providers/Microsoft.Network/networkInterfaces/"
+           "strict-nic")
+    return azure._vm_body(_offer(azure, Capacity.SPOT), "strict", {TAG_REQUEST: "s"}, nic,
+                          make_job("s", command=("true",)))
+
+
+STRICT = [
+    ("no network interface", lambda b: b["properties"].pop("networkProfile"), "InvalidParameter"),
+    ("a NIC that does not exist", lambda b: b["properties"]["networkProfile"]["networkInterfaces"][0].update(
+        id=b["properties"]["networkProfile"]["networkInterfaces"][0]["id"] + "-x"), "InvalidResourceReference"),
+    ("no admin user", lambda b: b["properties"]["osProfile"].pop("adminUsername"), "InvalidParameter"),
+    ("neither an SSH key nor a password", lambda b: b["properties"]["osProfile"]["linuxConfiguration"].update(
+        ssh={"publicKeys": []}), "InvalidParameter"),
+    ("password login without a password", lambda b: b["properties"]["osProfile"].pop("linuxConfiguration"),
+     "InvalidParameter"),
+    ("custom data that is not base64", lambda b: b["properties"]["osProfile"].update(customData="%%%"),
+     "InvalidParameter"),
+    ("a spot VM without an eviction policy", lambda b: b["properties"].pop("evictionPolicy"), "InvalidParameter"),
+    ("no image", lambda b: b["properties"]["storageProfile"].pop("imageReference"), "InvalidParameter"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "code"), [c[1:] for c in STRICT], ids=[c[0] for c in STRICT])
+def test_the_fake_refuses_vm_bodies_arm_refuses(azure: AzureProvider, azure_fake, pki, mutate, code) -> None:
+    azure.launch(make_offer("azure", "eastus", "Standard_D2s_v5", 0.096), 1, "req-warm", tags={TAG_JOB: "w"})
+    azure.terminate(azure_instances := [i.id for i in azure.instances({TAG_REQUEST: "req-warm"})], "req-warm")
+    assert azure_instances  # the group and VNet exist now; make the NIC the body names
+    nic_body = {"location": "eastus", "properties": {"ipConfigurations": [{"name": "c", "properties": {
+        "subnet": {"id": azure._subnet("eastus")}}}]}}
+    base = f"{azure_fake.url}/subscriptions/sub-1/resourceGroups/hybrid-broker/providers"
+    httpx.put(f"{base}/Microsoft.Network/networkInterfaces/strict-nic", json=nic_body, verify=pki.ca_cert)
+    body = _body(azure)
+    mutate(body)
+    resp = httpx.put(f"{base}/Microsoft.Compute/virtualMachines/strict", json=body, verify=pki.ca_cert)
+    assert resp.status_code in (400, 404) and resp.json()["error"]["code"] == code
+    httpx.delete(f"{base}/Microsoft.Network/networkInterfaces/strict-nic", verify=pki.ca_cert)
+
+
+def test_a_vm_put_in_a_missing_resource_group_is_refused(azure_fake, pki) -> None:
+    resp = httpx.put(f"{azure_fake.url}/subscriptions/sub-1/resourceGroups/nope/providers/Microsoft.Compute/"
+                     "virtualMachines/x", json={"location": "eastus", "properties": {}}, verify=pki.ca_cert)
+    assert resp.status_code == 404 and resp.json()["error"]["code"] == "ResourceGroupNotFound"
