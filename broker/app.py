@@ -79,6 +79,7 @@ def build_providers(settings: Settings, clock: Clock, inventory: Any = None) -> 
     from providers import registry
     from providers.dryrun import DryRunProvider
     from providers.onprem import OnPremPool
+    from providers.refresh import options_from_env
 
     usable = {c.name: c.usable for c in registry.check()}
     sim_clock: Clock = clock if settings.dry_run_speedup == 1.0 else ScaledClock(clock, settings.dry_run_speedup)
@@ -87,8 +88,8 @@ def build_providers(settings: Settings, clock: Clock, inventory: Any = None) -> 
         if name == "onprem":
             out[name] = OnPremPool(inventory, settings.data_dir, clock=sim_clock)
         elif usable.get(name):
-            try:
-                out[name] = registry.create(name)
+            try:  # adapter options (regions, zones, endpoints, subnet...) from BROKER_<NAME>_* variables
+                out[name] = registry.create(name, **options_from_env(name))
             except BrokerError as exc:
                 log.warning("provider %s unusable (%s); running it in dry-run mode", name, exc)
                 out[name] = DryRunProvider(name, clock=sim_clock)

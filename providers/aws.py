@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -397,11 +398,15 @@ class AwsProvider:
         job: JobSpec | None = None,
     ) -> list[Instance]:
         region = offer.region
-        if region not in self.regions:
+        if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d", region or ""):
             raise InvalidRequestError(
-                f"aws: region {region} is not configured (have {self.regions}). To fix: add it to regions.",
+                f"aws: {region!r} is not an AWS region name. To fix: place the job in a region like us-east-1.",
                 provider="aws", region=region, request_id=request_id,
             )
+        if region not in self.regions:  # placement picked it from the catalog: watch it from now on
+            with self._lock:
+                if region not in self.regions:
+                    self.regions.append(region)
         existing = [
             n for n in self._nodes(region, {TAG_REQUEST: request_id}, request_id)
             if _state(n) is not InstanceState.TERMINATED

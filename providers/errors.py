@@ -31,7 +31,7 @@ from broker.errors import (
     TransientError,
 )
 
-__all__ = ["map_errors", "map_exception", "CODE_MAP", "classify_status"]
+__all__ = ["map_errors", "map_exception", "retry_after_of", "CODE_MAP", "classify_status"]
 
 # Provider error codes (AWS EC2, Azure ARM, GCP) -> class. Matched case-sensitively first, then lowercased.
 CODE_MAP: dict[str, type[ProviderError]] = {
@@ -286,12 +286,56 @@ def map_exception(
     cls, code, status = _classify(exc)
     if cls is None:
         return None
+    after = retry_after_of(exc)
     where = f"{provider}:{region}" if region else provider
     detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     msg = f"{where}: {cls.__name__.removesuffix('Error').lower() or 'provider'} error"
     msg += f" ({code})" if code else ""
     msg += f": {detail[:300]}. {_HINT.get(cls, _HINT[ProviderError])}"
-    return cls(msg, provider=provider, region=region, request_id=request_id, http_status=status, code=code)
+    mapped = cls(msg, provider=provider, region=region, request_id=request_id, http_status=status, code=code)
+    mapped.retry_after = after  # type: ignore[attr-defined]
+    return mapped
+
+
+def _parse_retry_after(value: Any) -> float | None:
+    """Seconds from a ``Retry-After`` value: delta-seconds or an HTTP date (RFC 9110 §10.2.3)."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    from datetime import UTC, datetime
+    from email.utils import parsedate_to_datetime
+
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def retry_after_of(exc: BaseException) -> float | None:
+    """The ``Retry-After`` (seconds) a raw SDK error's HTTP response carried, else ``None``: botocore
+    ``ResponseMetadata.HTTPHeaders``, azure-core / httpx ``response.headers``, libcloud ``headers``."""
+    headers: Any = None
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):  # botocore ClientError
+        headers = (response.get("ResponseMetadata") or {}).get("HTTPHeaders")
+    elif response is not None:
+        headers = getattr(response, "headers", None)
+    if headers is None:
+        headers = getattr(exc, "headers", None)
+    if not headers:
+        return None
+    try:
+        value = headers.get("Retry-After") or headers.get("retry-after")
+    except AttributeError:
+        return None
+    return _parse_retry_after(value)
 
 
 @contextmanager

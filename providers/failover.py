@@ -4,8 +4,12 @@
   ``capacity_block_seconds`` and move on to the next option;
 * ``QuotaError`` -> block the whole region of that provider for ``quota_block_seconds`` and move on;
 * ``TransientError`` -> retry the same option after ``min(max_retry_delay, retry_delay * 2**n) * jitter``
-  seconds (``jitter`` uniform in [0.5, 1.0], slept on the injected clock), at most ``retry.backoff_limit``
-  retries in the whole call; past the limit the call gives up;
+  seconds (``jitter`` uniform in [0.5, 1.0], slept on the injected clock), or after the provider's
+  ``Retry-After`` when that is longer (``retry_after`` of the error); at most ``retry.backoff_limit`` retries
+  per option. Past the limit, or when ``Retry-After`` asks for more than ``max_retry_delay``, the offer is
+  blocked for that long and the **next option** is tried (the call gives up only when every option failed);
+* a job with a command is never launched on a provider without :attr:`Capability.RUNS_WORK` (nor
+  ``DRY_RUN``): such options are recorded ``invalid`` and skipped;
 * ``AuthError`` -> stop at once (retrying or failing over with the same credentials will not help);
 * ``InvalidRequestError`` -> this option cannot work as asked; move on without retrying.
 
@@ -33,7 +37,7 @@ from broker.errors import (
 )
 from broker.model import Attempt, Instance, InstanceState, JobSpec, PlacementOption, RetryPolicy
 
-from .base import TAG_REQUEST, Provider, offer_from_option
+from .base import TAG_REQUEST, Capability, Provider, offer_from_option
 from .errors import map_exception
 
 __all__ = ["Blocklist", "ProvisionOutcome", "provision", "backoff_delay"]
@@ -145,7 +149,6 @@ def provision(
     all_tags = dict(tags) | {TAG_REQUEST: request_id}
     attempts: list[Attempt] = []
     touched: dict[str, Provider] = {}  # providers where a launch failed: the ones that may hold orphans
-    retries_used = 0
     last_error: ProviderError | None = None
 
     def record(option: PlacementOption, outcome: str, message: str = "", delay: float = 0.0,
@@ -177,7 +180,16 @@ def provision(
             if isinstance(exc, AuthError):
                 break
             continue
+        caps = getattr(provider, "capabilities", frozenset())
+        if job is not None and job.command and not ({Capability.RUNS_WORK, Capability.DRY_RUN} & set(caps)):
+            last_error = InvalidRequestError(
+                f"{option.provider} cannot run a job's command (no {Capability.RUNS_WORK.value} capability). "
+                "To fix: place the job on a provider that runs work (aws, azure, gcp, onprem, edge).",
+                provider=option.provider, region=option.region, request_id=request_id)
+            record(option, "invalid", str(last_error))
+            continue
         offer = offer_from_option(option)
+        retries_used = 0
         while True:
             try:
                 got = provider.launch(offer, count, request_id, tags=all_tags, job=job)
@@ -194,11 +206,16 @@ def provision(
                 last_error = err
                 touched[option.provider] = provider
                 if isinstance(err, TransientError):
-                    if retries_used >= retry.backoff_limit:
-                        record(option, "transient", f"{err} (gave up after {retries_used} retries)",
-                               retryable=True)
-                        return _abandon(touched, request_id, attempts, err)
-                    delay = backoff_delay(retry, retries_used, rand)
+                    after = float(getattr(err, "retry_after", None) or 0.0)
+                    if retries_used >= retry.backoff_limit or after > retry.max_retry_delay_seconds:
+                        why = (f"Retry-After {after:g}s is over the {retry.max_retry_delay_seconds:g}s cap"
+                               if after > retry.max_retry_delay_seconds else f"gave up after {retries_used} retries")
+                        record(option, "transient", f"{err} ({why}; trying the next option)", retryable=True)
+                        blocks.block(blocks.offer_key(option), max(after, retry.max_retry_delay_seconds),
+                                     f"transient errors: {err}")
+                        _cleanup_provider(provider, request_id, keep=())
+                        break
+                    delay = max(backoff_delay(retry, retries_used, rand), after)
                     retries_used += 1
                     record(option, "transient", str(err), delay=delay, retryable=True)
                     clock.sleep(delay)

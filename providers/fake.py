@@ -42,8 +42,9 @@ class FakeProvider:
         capabilities: frozenset[Capability] | None = None,
     ) -> None:
         self.name = name
+        # RUNS_WORK: tests end its instances themselves (succeeded/failed with an exit code)
         self.capabilities = capabilities or frozenset(
-            {Capability.SPOT, Capability.GPUS, Capability.MULTI_NODE, Capability.TAGS}
+            {Capability.SPOT, Capability.GPUS, Capability.MULTI_NODE, Capability.TAGS, Capability.RUNS_WORK}
         )
         self._offers = list(offers)
         self._fail_fn: FailFn | None = fail if callable(fail) else None

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from broker.errors import CatalogError, ProviderError
+from broker.errors import CatalogError, InvalidRequestError, ProviderError
 from broker.model import Offer, Provenance
 
 from . import registry
@@ -43,12 +43,18 @@ _ENV_OPTIONS: Mapping[str, tuple[tuple[str, str, bool], ...]] = {
         ("BROKER_AWS_REGIONS", "regions", True),
         ("BROKER_AWS_ENDPOINT_URL", "endpoint_url", False),
         ("BROKER_AWS_PRICE_LIST_URL", "price_list_url", False),
+        ("BROKER_AWS_IMAGE_ID", "image_id", False),
+        ("BROKER_MAX_RUNTIME_HOURS", "max_runtime_hours", False),
     ),
     "azure": (
         ("BROKER_AZURE_REGIONS", "regions", True),
         ("BROKER_AZURE_BASE_URL", "base_url", False),
         ("BROKER_AZURE_PRICES_URL", "prices_url", False),
         ("BROKER_CA_BUNDLE", "connection_verify", False),
+        ("BROKER_AZURE_RESOURCE_GROUP", "resource_group", False),
+        ("BROKER_AZURE_SUBNET_ID", "subnet_id", False),
+        ("BROKER_AZURE_SSH_PUBLIC_KEY", "ssh_public_key", False),
+        ("BROKER_MAX_RUNTIME_HOURS", "max_runtime_hours", False),
     ),
     "gcp": (
         ("BROKER_GCP_ZONES", "zones", True),
@@ -56,6 +62,9 @@ _ENV_OPTIONS: Mapping[str, tuple[tuple[str, str, bool], ...]] = {
         ("BROKER_GCP_BILLING_URL", "billing_url", False),
         ("BROKER_GCP_TOKEN_CACHE", "token_cache", False),
         ("BROKER_CA_BUNDLE", "ca_bundle", False),
+        ("BROKER_GCP_NETWORK", "network", False),
+        ("BROKER_GCP_SUBNETWORK", "subnetwork", False),
+        ("BROKER_MAX_RUNTIME_HOURS", "max_runtime_hours", False),
     ),
 }
 
@@ -66,6 +75,15 @@ def options_from_env(name: str, env: Mapping[str, str] | None = None) -> dict[st
     opts: dict[str, Any] = {}
     for variable, option, is_list in _ENV_OPTIONS.get(name, ()):
         value: Any = _csv(e.get(variable)) if is_list else (e.get(variable) or None)
+        if value and option == "max_runtime_hours":
+            try:
+                value = float(value)
+            except ValueError:
+                raise InvalidRequestError(f"{variable}={value!r} is not a number of hours. To fix: set it to "
+                                          "e.g. 12.", provider=name) from None
+            if not 0 < value <= 24 * 366:
+                raise InvalidRequestError(f"{variable}={value!r} is out of range. To fix: use 0 < hours <= 8784.",
+                                          provider=name)
         if value:
             opts[option] = value
     return opts

@@ -136,3 +136,34 @@ def test_the_code_of_the_provider_is_kept_on_the_error() -> None:
             raise boto("VcpuLimitExceeded")
     assert info.value.code == "VcpuLimitExceeded"
     assert info.value.kind == "quota"
+
+
+RETRY_AFTER_CASES = [
+    ("delta-seconds", "30", 30.0),
+    ("an HTTP date in the past is zero", "Wed, 21 Oct 2015 07:28:00 GMT", 0.0),
+    ("garbage is ignored", "soon", None),
+]
+
+
+@pytest.mark.parametrize(("value", "want"), [c[1:] for c in RETRY_AFTER_CASES], ids=[c[0] for c in RETRY_AFTER_CASES])
+def test_retry_after_is_read_from_an_httpx_error(value: str, want: float | None) -> None:
+    import httpx
+
+    from providers.errors import map_exception
+
+    req = httpx.Request("GET", "https://127.0.0.1/x")
+    resp = httpx.Response(429, headers={"Retry-After": value}, request=req)
+    mapped = map_exception(httpx.HTTPStatusError("429", request=req, response=resp), "azure", "eastus")
+    assert isinstance(mapped, TransientError) and mapped.retry_after == want  # type: ignore[attr-defined]
+
+
+def test_retry_after_is_read_from_a_botocore_error() -> None:
+    from botocore.exceptions import ClientError
+
+    from providers.errors import map_exception
+
+    exc = ClientError({"Error": {"Code": "RequestLimitExceeded", "Message": "slow down"},
+                       "ResponseMetadata": {"HTTPStatusCode": 503, "HTTPHeaders": {"retry-after": "7"}}},
+                      "RunInstances")
+    mapped = map_exception(exc, "aws", "us-east-1")
+    assert isinstance(mapped, TransientError) and mapped.retry_after == 7.0  # type: ignore[attr-defined]

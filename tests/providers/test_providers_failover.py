@@ -13,7 +13,7 @@ from providers.base import TAG_JOB, TAG_REQUEST
 from providers.failover import Blocklist, backoff_delay, provision
 from providers.fake import FakeProvider
 
-from .builders import make_option
+from .builders import make_job, make_option
 
 A1 = make_option("a", "r1", "t.small")
 A1B = make_option("a", "r1", "t.big")
@@ -153,3 +153,46 @@ def test_an_unexpected_adapter_exception_is_a_failed_option_not_a_crash() -> Non
     out, _ = run({"a": FakeProvider("a", fail=boom), "b": FakeProvider("b")}, [A1, B1])
     assert out.ok and out.option == B1
     assert out.attempts[0].outcome == "provider" and "adapter bug" in out.attempts[0].message
+
+
+def _transient(after: float | None) -> TransientError:
+    err = TransientError("429 throttled")
+    err.retry_after = after  # type: ignore[attr-defined]  # what map_exception reads from Retry-After
+    return err
+
+
+def test_when_retries_run_out_the_next_option_is_tried() -> None:
+    a, b = FakeProvider("a", fail=[TransientError("busy")] * 10), FakeProvider("b")
+    out, clock = run({"a": a, "b": b}, [A1, B1], retry=RetryPolicy(backoff_limit=2, retry_delay_seconds=1))
+    assert [x.outcome for x in out.attempts] == ["transient", "transient", "transient", "launched"]
+    assert out.ok and out.option == B1 and len(clock.sleeps) == 2 and a.running() == []
+
+
+def test_retry_after_is_honoured_when_longer_than_the_backoff() -> None:
+    fake = FakeProvider("a", fail=[_transient(45.0), None])
+    out, clock = run({"a": fake}, [A1], retry=RetryPolicy(backoff_limit=3, retry_delay_seconds=1,
+                                                          max_retry_delay_seconds=120))
+    assert out.ok and clock.sleeps == [45.0]
+
+
+def test_a_retry_after_over_the_cap_blocks_the_offer_and_moves_on_without_sleeping() -> None:
+    clock = ManualClock()
+    blocks = Blocklist(clock)
+    a, b = FakeProvider("a", fail=[_transient(600.0)]), FakeProvider("b")
+    out, _ = run({"a": a, "b": b}, [A1, B1], clock=clock, blocklist=blocks,
+                 retry=RetryPolicy(backoff_limit=3, retry_delay_seconds=1, max_retry_delay_seconds=60))
+    assert out.option == B1 and clock.sleeps == [] and "Retry-After 600s" in out.attempts[0].message
+    assert blocks.reason(A1) is not None
+    clock.advance(601)
+    assert blocks.reason(A1) is None
+
+
+def test_a_command_job_is_not_launched_where_nothing_runs_it() -> None:
+    from providers.base import Capability
+
+    no_work = FakeProvider("a", capabilities=frozenset({Capability.TAGS}))
+    out = provision([A1, B1], {"a": no_work, "b": FakeProvider("b")}.__getitem__, request_id="req-w",
+                    tags={TAG_JOB: "w"}, job=make_job("w", command=("true",)), retry=DEFAULT_RETRY,
+                    clock=ManualClock())
+    assert [x.outcome for x in out.attempts] == ["invalid", "launched"] and no_work.launch_calls == []
+    assert "runs-work" in out.attempts[0].message and out.option == B1

@@ -122,3 +122,29 @@ def test_public_names_are_pinned() -> None:
     ])
     for name in providers.__all__:
         assert getattr(providers, name) is not None
+
+
+def test_the_broker_builds_cloud_adapters_with_the_options_of_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    from broker.app import build_providers
+    from broker.clock import ManualClock
+    from broker.config import Settings
+    from providers.aws import AwsProvider
+
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "BROKER_AWS_REGIONS": "eu-west-1, ap-south-1", "BROKER_MAX_RUNTIME_HOURS": "5"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    built = build_providers(Settings(data_dir=tmp_path, providers=("aws",)), ManualClock())
+    aws = built["aws"]
+    assert isinstance(aws, AwsProvider)
+    assert aws.regions == ["eu-west-1", "ap-south-1"] and aws.max_runtime_hours == 5.0
+
+
+def test_a_bad_runtime_limit_in_the_environment_is_a_clear_error() -> None:
+    from broker.errors import InvalidRequestError
+    from providers.refresh import options_from_env
+
+    with pytest.raises(InvalidRequestError, match="To fix"):
+        options_from_env("gcp", {"BROKER_MAX_RUNTIME_HOURS": "soon"})
