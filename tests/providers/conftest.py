@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -109,3 +110,53 @@ class FakeCredential:
         from azure.core.credentials import AccessToken
 
         return AccessToken("fake-token", int(time.time()) + 3600)
+
+
+# -- GCP: a service-account key, the Compute Engine fake and a fault proxy in front of it (session-wide)
+
+GCP_PROJECT = "demo-proj"
+
+
+@pytest.fixture(scope="session")
+def gcp_creds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A service-account JSON key (a real RSA key) and a pre-seeded Libcloud token cache (RECIPES §4)."""
+    import datetime as dt
+    import json
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    d = tmp_path_factory.mktemp("gcp-creds")
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    sa = {"type": "service_account", "project_id": GCP_PROJECT, "private_key_id": "k1", "private_key": pem,
+          "client_email": f"hb-broker@{GCP_PROJECT}.iam.gserviceaccount.com", "client_id": "1",
+          "token_uri": "https://oauth2.googleapis.com/token"}
+    (d / "sa.json").write_text(json.dumps(sa))
+    expires = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    (d / "token.json").write_text(json.dumps({"access_token": "fake", "token_type": "Bearer",
+                                              "expire_time": expires}))
+    return {"key": str(d / "sa.json"), "token": str(d / "token.json"), "email": sa["client_email"]}
+
+
+@pytest.fixture(scope="session")
+def gcp_fake(pki) -> Iterator[Any]:
+    from .fake_gcp import ServerThread, make_app
+
+    app = make_app(GCP_PROJECT)
+    with ServerThread(app, pki.server_cert, pki.server_key) as srv:
+        srv.app = app  # type: ignore[attr-defined]
+        yield srv
+    for guest in list(app.state.guests.values()):
+        guest.cleanup()
+
+
+@pytest.fixture(scope="session")
+def gcp_proxy(gcp_fake, pki) -> Iterator[FaultProxy]:
+    with FaultProxy(gcp_fake.url, certfile=pki.server_cert, keyfile=pki.server_key,
+                    upstream_verify=pki.ca_cert) as proxy:
+        # Reply without Nagle's delay: the handler writes headers and body separately, and each small write
+        # otherwise waits ~40 ms for a delayed ACK (50 ms -> 13 ms per call here).
+        proxy._server.RequestHandlerClass.disable_nagle_algorithm = True  # type: ignore[attr-defined]
+        yield proxy

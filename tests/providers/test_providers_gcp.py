@@ -3,7 +3,6 @@ and the Cloud Billing Catalog API, with a fault proxy in front that answers GCE'
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import random
@@ -13,12 +12,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 
 from broker.clock import ManualClock
 from broker.errors import AuthError, CapacityError, QuotaError, TransientError
@@ -39,50 +35,13 @@ from providers.gcp import (
 from providers.refresh import options_from_env, refresh_catalog
 
 from .builders import make_job, make_option
-from .fake_gcp import RATES, ServerThread, billing_skus, make_app, operation_error
+from .fake_gcp import RATES, billing_skus, operation_error
 from .faultproxy import FaultProxy, Seen, gce_error, request
 
 pytestmark = pytest.mark.network
 PROJECT = "demo-proj"
 ZONES = ["us-central1-a", "us-central1-b", "europe-west1-b"]
 BROKER = [sys.executable, "-c", "from broker.cli import main; main()"]
-
-
-@pytest.fixture(scope="module")
-def gcp_creds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """A service-account JSON key (a real RSA key) and a pre-seeded Libcloud token cache (RECIPES §4)."""
-    d = tmp_path_factory.mktemp("gcp-creds")
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption()).decode()
-    sa = {"type": "service_account", "project_id": PROJECT, "private_key_id": "k1", "private_key": pem,
-          "client_email": f"hb-broker@{PROJECT}.iam.gserviceaccount.com", "client_id": "1",
-          "token_uri": "https://oauth2.googleapis.com/token"}
-    (d / "sa.json").write_text(json.dumps(sa))
-    expires = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    (d / "token.json").write_text(json.dumps({"access_token": "fake", "token_type": "Bearer",
-                                              "expire_time": expires}))
-    return {"key": str(d / "sa.json"), "token": str(d / "token.json"), "email": sa["client_email"]}
-
-
-@pytest.fixture(scope="module")
-def gcp_fake(pki) -> Iterator[Any]:
-    app = make_app(PROJECT)
-    with ServerThread(app, pki.server_cert, pki.server_key) as srv:
-        srv.app = app  # type: ignore[attr-defined]
-        yield srv
-    for guest in list(app.state.guests.values()):
-        guest.cleanup()
-
-
-@pytest.fixture(scope="module")
-def gcp_proxy(gcp_fake, pki) -> Iterator[FaultProxy]:
-    with FaultProxy(gcp_fake.url, certfile=pki.server_cert, keyfile=pki.server_key,
-                    upstream_verify=pki.ca_cert) as proxy:
-        # Reply without Nagle's delay: the handler writes headers and body separately, and each small write
-        # otherwise waits ~40 ms for a delayed ACK (50 ms -> 13 ms per call here).
-        proxy._server.RequestHandlerClass.disable_nagle_algorithm = True  # type: ignore[attr-defined]
-        yield proxy
 
 
 @pytest.fixture
