@@ -656,10 +656,20 @@ def job_logs(
     stream: Annotated[str, Query(pattern="^(stdout|stderr)$")] = "stdout",
     tail_bytes: Annotated[int, Query(ge=1, le=16 * 1024 * 1024)] = 1024 * 1024,
 ) -> PlainTextResponse:
-    """The ``stdout`` (or ``stderr``) of the job's on-prem run, last ``tail_bytes`` bytes."""
+    """The ``stdout`` (or ``stderr``) of the job's on-prem run, last ``tail_bytes`` bytes. For a cloud run:
+    the log tail its VM reported with its exit code (stdout and stderr together, so ``stderr`` is empty)."""
     row = _get_row(session, ns, job_id)
     instances = _loads(row.instances_json) or []
     pool = hb.providers.get("onprem")
+    if row.provider and row.provider != "onprem":
+        tails = [_loads(d) or {} for d in session.execute(
+            sa.select(_events.c.data_json).where(_events.c.job_id == row.id, _events.c.data_json.like(
+                '%"log_tail"%')).order_by(_events.c.id.desc()).limit(1)).scalars()]
+        if not tails and row.state not in {s.value for s in TERMINAL_STATES}:
+            raise ConflictError(f"job {job_id} is {row.state} on {row.provider}: a cloud run's log tail is "
+                                "reported when it ends; ask again then")
+        text = str(tails[0].get("log_tail") or "") if tails and stream == "stdout" else ""
+        return PlainTextResponse(text.encode()[-tail_bytes:].decode("utf-8", "ignore"))
     if row.provider != "onprem" or not instances or pool is None or not hasattr(pool, "logs"):
         raise ConflictError(
             f"job {job_id} has no on-prem run (state {row.state}, provider {row.provider or 'none'}); logs are "

@@ -1357,13 +1357,17 @@ class Scheduler:
             except SpecError:
                 retry = RetryPolicy(backoff_limit=0)
             t: Transition | None = None
+            tail = next((i.log_tail for i in insts if i is not None and i.log_tail), "")  # a cloud VM's output
             if ids and not missing and states == {InstanceState.SUCCEEDED}:
                 t = Transition(r.id, JobState.RUNNING, JobState.SUCCEEDED, reason="all instances succeeded",
+                               data={"exit_code": 0, "log_tail": tail} if tail else None,
                                fields={"finished_at": now, "exit_code": 0})
             elif InstanceState.FAILED in states:
                 code = next((i.exit_code for i in insts if i is not None and i.state is InstanceState.FAILED), None)
                 t = self._failure(r.id, retry, r.retries, JobState.RUNNING, f"run failed (exit code {code})",
                                   retryable=True, now=now, exit_code=code)
+                if tail:
+                    t = dataclasses.replace(t, data={"exit_code": code, "log_tail": tail})
             elif InstanceState.TERMINATED in states:
                 t = self._failure(r.id, retry, r.retries, JobState.RUNNING,
                                   "instance terminated by the provider (reclaimed?)", retryable=True, now=now)
@@ -1372,7 +1376,8 @@ class Scheduler:
                                   f"{missing} instance(s) no longer known to {r.provider}", retryable=True, now=now)
             if t is not None:
                 transitions.append(t)
-                live_ids = [i.id for i in insts if i is not None and i.state not in (InstanceState.TERMINATED,)]
+                # every known instance: a cloud VM that stopped (GCE, Azure) still bills its disk until deleted
+                live_ids = [i.id for i in insts if i is not None]
                 if live_ids:
                     to_terminate.append((r.provider, live_ids, f"{r.id}:done"))
                 hours = max(0.0, (now - started).total_seconds() / 3600.0)
@@ -1455,7 +1460,8 @@ class Scheduler:
                 if not mine and inst.state not in done:
                     terminate.setdefault(inst.provider, []).append(inst.id)
         for job_id, row in active.items():
-            insts = [i for i in found.get(job_id, []) if i.tags.get(TAG_REQUEST) == row.request_id]
+            insts = [i for i in found.get(job_id, []) if i.tags.get(TAG_REQUEST) == row.request_id
+                     and (i.state not in done or JobState(row.state) is JobState.RUNNING)]  # adopt only live ones
             state = JobState(row.state)
             if state is JobState.PLACED:
                 transitions.append(Transition(job_id, state, JobState.PENDING, reason="re-placed after a restart"))
