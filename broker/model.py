@@ -226,6 +226,7 @@ class Request:
     same_zone: bool = False
     interconnect: str | None = None
     include_outliers: bool = False
+    allow_burstable: bool = False  # placement.burstable: allowed (see policies/placement/burstable.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from policies.placement import (
     accelerator,
     allowlist,
     arch,
+    burstable,
     cost,
     deadline,
     finish_time,
@@ -54,13 +55,15 @@ FILTERS: dict[str, FilterFn] = {
     arch.NAME: arch.checks,
     accelerator.NAME: accelerator.checks,
     fit.NAME: fit.checks,
+    burstable.NAME: burstable.checks,
     topology.NAME: topology.checks,
     outlier.NAME: outlier.checks,
     price_cap.NAME: price_cap.checks,
 }
 SCORES = {cost.NAME: cost.keys, finish_time.NAME: finish_time.keys}
 REASONS: tuple[str, ...] = (
-    *allowlist.REASONS, *spot.REASONS, *arch.REASONS, *accelerator.REASONS, *fit.REASONS, *topology.REASONS,
+    *allowlist.REASONS, *spot.REASONS, *arch.REASONS, *accelerator.REASONS, *fit.REASONS, *burstable.REASONS,
+    *topology.REASONS,
     *outlier.REASONS,
     *price_cap.REASONS, *deadline.REASONS,
 )

@@ -31,6 +31,16 @@ NOW = datetime(2026, 6, 1, tzinfo=UTC)
 EGRESS = load_egress()
 
 
+def shared_core_rows(cat: Catalog) -> np.ndarray:
+    """Rows of burstable families (AWS t*, Azure B-series, GCP shared-core), written independently of the
+    burstable plugin: whole-vCPU requests never get them."""
+    shared_type = np.array([
+        n.startswith(("t1.", "t2.", "t3.", "t3a.", "t4g.")) or n in ("e2-micro", "e2-small", "e2-medium",
+                                                                       "f1-micro", "g1-small")
+        or (n.startswith("Standard_B") and n[10:11].isdigit()) for n in cat.type_names], dtype=bool)
+    return shared_type[cat.type_code]
+
+
 def _small_world() -> Catalog:
     return make_catalog([
         make_offer(1.00, region="us-east-1", name="m.4x", vcpus=4, memory_gib=16),
@@ -73,7 +83,7 @@ def test_compute_only_choice_equals_a_brute_force_scan_of_the_real_catalog(
         cap = np.array([c.value for c in (Capacity.ON_DEMAND, Capacity.SPOT, Capacity.RESERVED, Capacity.OWNED)])[
             cat.cap_code]
         acc = np.array([a.upper() for a in cat.accelerators])[cat.acc_code]
-        ok = (cat.vcpus >= req.vcpus) & (cat.memory_gib >= req.memory_gib) & ~cat.outlier
+        ok = (cat.vcpus >= req.vcpus) & (cat.memory_gib >= req.memory_gib) & ~cat.outlier & ~shared_core_rows(cat)
         ok &= cat.gpus >= max(req.gpus, 1 if req.accelerator else 0)
         if req.accelerator:
             ok &= acc == req.accelerator.upper()
@@ -89,6 +99,8 @@ def test_compute_only_choice_equals_a_brute_force_scan_of_the_real_catalog(
             ok &= np.array(["amd64", "arm64"])[cat.arch_code] == req.arch
         if req.max_hourly_usd is not None:
             ok &= cat.hourly_usd <= req.max_hourly_usd
+        # whole-vCPU requests are sustained work: no burstable (CPU-credit / shared-core) families
+        ok &= ~shared_core_rows(cat)
         best = float(cat.hourly_usd[ok].min()) * req.nodes * req.duration_hours
         assert res.placement is not None
         assert res.placement.total_usd == pytest.approx(best, rel=1e-9)
@@ -284,7 +296,7 @@ def test_with_data_the_best_equals_a_brute_force_over_every_feasible_row(
                         for loc in cat.locations])
     loc_h = np.array([sum(EGRESS.transfer_hours(d.location, loc, d.size_gib) for d in req.data)
                       for loc in cat.locations])
-    ok = (cat.vcpus >= req.vcpus) & (cat.memory_gib >= req.memory_gib) & ~cat.outlier
+    ok = (cat.vcpus >= req.vcpus) & (cat.memory_gib >= req.memory_gib) & ~cat.outlier & ~shared_core_rows(cat)
     ok &= cat.gpus >= max(req.gpus, 1 if req.accelerator else 0)
     if req.accelerator:
         ok &= cat.acc_code == cat.accelerator_code(req.accelerator)
