@@ -181,6 +181,7 @@ class Offer:
     capacity: Capacity
     hourly_usd: float
     source: str = ""  # which catalog source priced it (display and provenance only)
+    outlier: bool = False  # flagged by the catalog's outlier rule (pricing.catalog.flag_outliers)
 
     @property
     def provider(self) -> str:

@@ -5,16 +5,17 @@
 Filters (applied in this order; each rejected offer counts under its first failing reason): allowlist
 (``ProviderNotAllowed``, ``RegionNotAllowed``), spot (``SpotPolicy``), arch (``ArchMismatch``),
 accelerator (``AcceleratorMismatch``), fit (``InsufficientVCPUs``, ``InsufficientMemory``,
-``InsufficientGPUs``), burstable (``BurstableType``), topology (``InterconnectMismatch``), outlier (``Outlier``), price_cap
-(``OverPriceCap``), then deadline (``DeadlineMiss``) after costing. Scores: ``cost`` and ``time``.
+``InsufficientGPUs``), burstable (``BurstableType``), topology (``InterconnectMismatch``), outlier
+(``Outlier``), price_cap (``OverPriceCap``), then deadline (``DeadlineMiss``) after costing. Scores:
+``cost`` and ``time``.
 See docs/PLACEMENT.md.
 """
 
 from policies.placement.accelerator import AcceleratorMismatch
 from policies.placement.allowlist import ProviderNotAllowed, RegionNotAllowed
 from policies.placement.arch import ArchMismatch
-from policies.placement.burstable import BurstableType
 from policies.placement.base import Context, Costs, Verdict
+from policies.placement.burstable import BurstableType
 from policies.placement.deadline import DeadlineMiss
 from policies.placement.engine import FILTERS, REASONS, SCORES, check_offer, place
 from policies.placement.explain import describe, explain

@@ -2,7 +2,8 @@
 
 Design choice: of the ~104k non-spot rows of the full catalog only ~19k differ in anything a filter reads
 other than the price (provider, location, capacity, arch, accelerator, GPUs, vCPUs, memory, outlier flag,
-GPU interconnect level, burstable family); the rest are the same shape in other zones or under other type names. The engine
+GPU interconnect level, burstable family); the rest are the same shape in other zones or under other type
+names. The engine
 runs the filter plugins once over one representative row per group (its cheapest: the catalog is sorted by
 price) and weights each group's verdict by its row count, so the rejection counts stay those of a pass over
 every row. The price cap is the one row-level filter: rows are price-sorted, so it keeps a prefix of the

@@ -25,20 +25,17 @@ from policies.placement import (
 from pricing import Catalog, load_egress
 from pricing.egress import GBIT_PER_GIB
 from pricing.inventory import Site
-from tests.pricing.catalog_builders import data, make_catalog, make_offer, make_request, real_catalog  # noqa: F401
+from tests.pricing.catalog_builders import (  # noqa: F401
+    data,
+    make_catalog,
+    make_offer,
+    make_request,
+    real_catalog,
+    shared_core_rows,
+)
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
 EGRESS = load_egress()
-
-
-def shared_core_rows(cat: Catalog) -> np.ndarray:
-    """Rows of burstable families (AWS t*, Azure B-series, GCP shared-core), written independently of the
-    burstable plugin: whole-vCPU requests never get them."""
-    shared_type = np.array([
-        n.startswith(("t1.", "t2.", "t3.", "t3a.", "t4g.")) or n in ("e2-micro", "e2-small", "e2-medium",
-                                                                       "f1-micro", "g1-small")
-        or (n.startswith("Standard_B") and n[10:11].isdigit()) for n in cat.type_names], dtype=bool)
-    return shared_type[cat.type_code]
 
 
 def _small_world() -> Catalog:
