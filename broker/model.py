@@ -181,6 +181,7 @@ class Offer:
     capacity: Capacity
     hourly_usd: float
     source: str = ""  # which catalog source priced it (display and provenance only)
+    outlier: bool = False  # flagged by the catalog's outlier rule (pricing.catalog.flag_outliers)
 
     @property
     def provider(self) -> str:
@@ -226,6 +227,7 @@ class Request:
     same_zone: bool = False
     interconnect: str | None = None
     include_outliers: bool = False
+    allow_burstable: bool = False  # placement.burstable: allowed (see policies/placement/burstable.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,6 +99,7 @@ _RESOURCE_NAMES = {"cpu", "memory", *_GPU_KEYS, "ephemeral-storage"}
 _DATA_KEYS = {"uri", "location", "sizeGiB"}
 _PLACEMENT_KEYS = {
     "providers", "regions", "spot", "maxHourlyUSD", "objective", "sameZone", "interconnect", "includeOutliers",
+    "burstable",
 }
 _RETRY_KEYS = {"backoffLimit", "retryDelaySeconds", "maxRetryDelaySeconds"}
 _CHECKPOINT_KEYS = {"path", "intervalMinutes"}
@@ -563,6 +564,10 @@ def parse_job_spec(
         _bool(pl["includeOutliers"], f"{sp}.placement.includeOutliers") if "includeOutliers" in pl else False
     )
 
+    burstable = pl.get("burstable", "excluded")
+    if burstable not in ("allowed", "excluded"):
+        raise SpecError(f"{sp}.placement.burstable", f"{burstable!r}: use allowed or excluded")
+
     rt = _mapping(spec.get("retry"), f"{sp}.retry", _RETRY_KEYS)
     retry = RetryPolicy(
         backoff_limit=int(_number(rt.get("backoffLimit", 6), f"{sp}.retry.backoffLimit", lo=0, hi=100,
@@ -610,6 +615,7 @@ def parse_job_spec(
         same_zone=same_zone,
         interconnect=interconnect,
         include_outliers=include_outliers,
+        allow_burstable=burstable == "allowed",
     )
     raw = _json_safe(dict(top))
     raw.setdefault("apiVersion", API_VERSION)

@@ -28,9 +28,15 @@ Rows are sorted by ``hourly_usd`` ascending (stable), an invariant placement rel
 Dedup key: ``(provider, region, zone, instance_type, capacity)``; the first row of a key wins, so
 ``a.merged_with(b)`` puts ``b`` first (``b`` wins where both price the same offer).
 
-Outlier rule: an on-demand price below half the median of that instance type's on-demand prices over all of
-that provider's rows is an outlier; the spot offers of the same (location, zone, type) are flagged with it.
-Outliers stay in the catalog but :meth:`Catalog.query` skips them unless ``include_outliers``.
+Outlier rule (a data error, not a price level): take the on-demand prices of one (provider, instance type) over
+all of that provider's rows, sorted. A price is an outlier when it lies below a *gap*: some price at or above it
+is less than half (``OUTLIER_FRACTION``) of the next dearer price, and that price is also below half the
+median. So a price shared by several regions, or a run of prices each within 2x of the next, is a real price
+level and never flagged; equal prices always get the same verdict, and every row cheaper than a flagged row of
+the type is flagged too. The spot offers of a flagged (location, zone, type) are flagged with it.
+:meth:`Catalog.outlier_reason` says why a row is flagged. Outliers stay in the catalog but
+:meth:`Catalog.query` and placement skip them unless ``include_outliers``; an :class:`Offer` read from the
+catalog carries its flag, so ``check_offer`` judges it as placement does.
 """
 
 from __future__ import annotations
@@ -169,7 +175,7 @@ class CatalogBuilder:
         c["arch_code"].append(1 if arch == "arm64" else 0)
         c["cap_code"].append(_CAP_INDEX[str(capacity)])
         c["hourly_usd"].append(hourly_usd)
-        c["outlier"].append(outlier)
+        c["outlier"].append(outlier)  # an explicit flag (Offer.outlier) is kept; the rule adds its own
         c["src_code"].append(self._srcs.code(source))
 
     def extend(
@@ -227,7 +233,7 @@ class CatalogBuilder:
             sources=list(self._srcs.values),
             provenance=tuple(self.provenance),
         )
-        return cat._dedup(count=True)._with_outliers()
+        return cat._dedup(count=True)._with_outliers(keep_given=True)
 
 
 class Catalog:
@@ -339,6 +345,7 @@ class Catalog:
             capacity=CAPACITIES[int(self.cap_code[i])],
             hourly_usd=float(self.hourly_usd[i]),
             source=self.sources[int(self.src_code[i])],
+            outlier=bool(self.outlier[i]),
         )
 
     def offers(self, indices: Iterable[int] | np.ndarray) -> list[Offer]:
@@ -436,6 +443,7 @@ class Catalog:
                 source=provenance.source or o.source,
                 site=loc.site,
                 continent=loc.continent or None,
+                outlier=o.outlier,
             )
         return b.build()
 
@@ -614,10 +622,37 @@ class Catalog:
         kw["provenance"] = prov
         return Catalog(cols, **kw)
 
-    def _with_outliers(self) -> Catalog:
+    def outlier_reason(self, i: int) -> str:
+        """Why row ``i`` is flagged as an outlier (``""`` when it is not), with the figures of the rule."""
+        i = int(i)
+        if not self.outlier[i]:
+            return ""
+        name = self.type_names[int(self.type_code[i])]
+        same = (self.provider_code == self.provider_code[i]) & (self.type_code == self.type_code[i])
+        od = np.sort(self.hourly_usd[same & (self.cap_code == 0)])
+        if len(od) == 0:
+            return "flagged by its source (no on-demand price of this type to compare with)"
+        base = ((self.loc_code == self.loc_code[i]) & (self.zone_code == self.zone_code[i]) & same
+                & (self.cap_code == 0))
+        own = float(self.hourly_usd[base][0]) if base.any() else float(self.hourly_usd[i])
+        flagged = od[np.isin(od, self.hourly_usd[same & (self.cap_code == 0) & self.outlier])]
+        if len(flagged) == 0:
+            return "flagged by its source (the rule does not flag this type's on-demand prices)"
+        cut = float(flagged.max())
+        nxt = float(od[od > cut].min()) if (od > cut).any() else cut
+        med = float(np.median(od))
+        head = f"{name} on-demand ${own:.4f}/h" + ("" if self.cap_code[i] == 0 else " (this spot offer's twin)")
+        return (f"{head} lies below a price gap: its type's next dearer price level is ${nxt:.4f}/h (> 2 x "
+                f"${cut:.4f}) and the median of its {len(od)} on-demand rows is ${med:.4f}/h; a price under half "
+                "of both is taken for a data error")
+
+    def _with_outliers(self, *, keep_given: bool = False) -> Catalog:
         """Outliers flagged, provenance counted, rows ordered by ``hourly_usd`` (stable): placement relies on
-        the price order to rank compute-only requests without sorting."""
+        the price order to rank compute-only requests without sorting. ``keep_given`` keeps the flags the
+        rows already carry (offers built from flagged :class:`Offer` objects) besides the rule's."""
         flags = flag_outliers(self)
+        if keep_given:
+            flags |= self.outlier
         order = np.argsort(self.hourly_usd, kind="stable")
         cols = {k: getattr(self, k)[order] for k in _COLUMNS}
         cols["outlier"] = flags[order]
@@ -638,9 +673,10 @@ class Catalog:
 
 
 def flag_outliers(cat: Catalog, fraction: float = OUTLIER_FRACTION) -> npt.NDArray[np.bool_]:
-    """Outlier flags per row: on-demand price < ``fraction`` x the median on-demand price of the same
-    (provider, instance type) over all of the provider's rows; spot rows of a flagged (location, zone,
-    type) are flagged too. Owned/reserved capacity is never flagged."""
+    """Outlier flags per row (the gap rule of the module docstring): per (provider, instance type), the
+    on-demand prices sorted; the cut is the dearest price ``p`` with ``p < fraction x next dearer price`` and
+    ``p < fraction x median``; every on-demand price ``<= cut`` is flagged, and so are the spot rows of a
+    flagged (location, zone, type). Owned/reserved capacity is never flagged."""
     n = len(cat)
     flags = np.zeros(n, dtype=bool)
     od = np.flatnonzero(cat.cap_code == 0)
@@ -657,7 +693,17 @@ def flag_outliers(cat: Catalog, fraction: float = OUTLIER_FRACTION) -> npt.NDArr
     hi = starts + counts // 2
     med = (p_sorted[lo] + p_sorted[hi]) / 2.0
     med_per_row = np.repeat(med, counts)
-    out_sorted = p_sorted < fraction * med_per_row
+    same_group_next = np.r_[g_sorted[1:] == g_sorted[:-1], False]
+    nxt = np.r_[p_sorted[1:], np.inf]
+    gap = same_group_next & (p_sorted < fraction * nxt) & (p_sorted < fraction * med_per_row)
+    # Flag every row of a group up to its last gap: a running "a gap lies at or after me" per group,
+    # computed as a reversed cumulative max of the gap positions within the group.
+    gid = np.repeat(np.arange(len(starts)), counts)
+    pos = np.arange(len(p_sorted))
+    last_gap = np.full(len(starts), -1, dtype=np.int64)
+    gp = pos[gap]
+    np.maximum.at(last_gap, gid[gap], gp)
+    out_sorted = pos <= last_gap[gid]
     od_flags = np.zeros(len(od), dtype=bool)
     od_flags[order] = out_sorted
     flags[od] = od_flags

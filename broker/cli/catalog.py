@@ -10,7 +10,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -90,6 +90,9 @@ def offers_command(
         regions=tuple(region or ()), capacities=("spot",) if spot else ("on-demand",),
         include_outliers=include_outliers,
     )
+    if len(idx) == 0:
+        typer.echo(f"error: no offer matches. {_lacks(cat, acc, n, tuple(provider or ()), spot)}", err=True)
+        raise typer.Exit(1)
     rows = idx[:limit]  # the catalog is sorted by price: the first rows are the cheapest
     if json_out:
         out = []
@@ -100,7 +103,8 @@ def offers_command(
                 "provider": o.provider, "region": o.region, "zone": o.location.zone, "instance_type": it.name,
                 "capacity": o.capacity.value, "vcpus": it.vcpus, "memory_gib": it.memory_gib, "gpus": it.gpus,
                 "accelerator": it.accelerator, "arch": it.arch, "hourly_usd": o.hourly_usd,
-                "outlier": bool(cat.outlier[int(i)]), "source": o.source,
+                "outlier": bool(cat.outlier[int(i)]), "outlier_reason": cat.outlier_reason(int(i)),
+                "source": o.source,
             })
         sys.stdout.write(json.dumps(out) + "\n")
         return
@@ -119,6 +123,37 @@ def offers_command(
                   f"{it.accelerator}x{it.gpus}" if it.gpus else "-", it.arch,
                   f"{o.hourly_usd:.4f}" + (" (outlier)" if cat.outlier[int(i)] else ""), o.source)
     Console(width=None if sys.stdout.isatty() else 200).print(t)
+
+
+def _lacks(cat: Any, acc: str | None, n: int, providers: tuple[str, ...], spot: bool) -> str:
+    """One sentence on what the catalog lacks for an empty query: per asked (or known) cloud, whether it has
+    the accelerator (at that count) and the capacity at all."""
+    import numpy as np
+
+    capacity = "spot" if spot else "on-demand"
+    cap_code = 1 if spot else 0
+    parts = []
+    for prov in providers or tuple(p for p in cat.providers if p in ("aws", "azure", "gcp")):
+        if prov not in cat.providers:
+            parts.append(f"{prov}: no offers at all")
+            continue
+        rows = cat.provider_code == cat.providers.index(prov)
+        if not (rows & (cat.cap_code == cap_code)).any():
+            parts.append(f"{prov}: no {capacity} offers")
+            continue
+        code = cat.accelerator_code(acc) if acc else None
+        if acc and (code is None or not (rows & (cat.acc_code == code)).any()):
+            parts.append(f"{prov}: no {acc} offers")
+        elif acc and not (rows & (cat.acc_code == code) & (cat.gpus >= n)).any():
+            most = int(np.max(cat.gpus[rows & (cat.acc_code == code)]))
+            parts.append(f"{prov}: {acc} at most {most} per instance")
+        elif acc and not (rows & (cat.acc_code == code) & (cat.cap_code == cap_code)).any():
+            parts.append(f"{prov}: {acc} but no {capacity} {acc} offers")
+        else:
+            parts.append(f"{prov}: has {capacity} offers, none with these resources/regions")
+    versions = f"catalog {cat.version}"
+    return ("; ".join(parts) + f" ({versions}). To fix: widen the filters, or load a catalog that has them "
+            "(broker catalog refresh, --catalog DIR)")
 
 
 @catalog_app.command("info")

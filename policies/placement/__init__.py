@@ -5,8 +5,9 @@
 Filters (applied in this order; each rejected offer counts under its first failing reason): allowlist
 (``ProviderNotAllowed``, ``RegionNotAllowed``), spot (``SpotPolicy``), arch (``ArchMismatch``),
 accelerator (``AcceleratorMismatch``), fit (``InsufficientVCPUs``, ``InsufficientMemory``,
-``InsufficientGPUs``), topology (``InterconnectMismatch``), outlier (``Outlier``), price_cap
-(``OverPriceCap``), then deadline (``DeadlineMiss``) after costing. Scores: ``cost`` and ``time``.
+``InsufficientGPUs``), burstable (``BurstableType``), topology (``InterconnectMismatch``), outlier
+(``Outlier``), price_cap (``OverPriceCap``), then deadline (``DeadlineMiss``) after costing. Scores:
+``cost`` and ``time``.
 See docs/PLACEMENT.md.
 """
 
@@ -14,6 +15,7 @@ from policies.placement.accelerator import AcceleratorMismatch
 from policies.placement.allowlist import ProviderNotAllowed, RegionNotAllowed
 from policies.placement.arch import ArchMismatch
 from policies.placement.base import Context, Costs, Verdict
+from policies.placement.burstable import BurstableType
 from policies.placement.deadline import DeadlineMiss
 from policies.placement.engine import FILTERS, REASONS, SCORES, check_offer, place
 from policies.placement.explain import describe, explain
@@ -31,6 +33,7 @@ __all__ = [
     "SCORES",
     "AcceleratorMismatch",
     "ArchMismatch",
+    "BurstableType",
     "Context",
     "Costs",
     "DeadlineMiss",

@@ -29,6 +29,7 @@ from policies.placement import (
     accelerator,
     allowlist,
     arch,
+    burstable,
     cost,
     deadline,
     finish_time,
@@ -54,13 +55,15 @@ FILTERS: dict[str, FilterFn] = {
     arch.NAME: arch.checks,
     accelerator.NAME: accelerator.checks,
     fit.NAME: fit.checks,
+    burstable.NAME: burstable.checks,
     topology.NAME: topology.checks,
     outlier.NAME: outlier.checks,
     price_cap.NAME: price_cap.checks,
 }
 SCORES = {cost.NAME: cost.keys, finish_time.NAME: finish_time.keys}
 REASONS: tuple[str, ...] = (
-    *allowlist.REASONS, *spot.REASONS, *arch.REASONS, *accelerator.REASONS, *fit.REASONS, *topology.REASONS,
+    *allowlist.REASONS, *spot.REASONS, *arch.REASONS, *accelerator.REASONS, *fit.REASONS, *burstable.REASONS,
+    *topology.REASONS,
     *outlier.REASONS,
     *price_cap.REASONS, *deadline.REASONS,
 )
@@ -410,7 +413,7 @@ def _pick(request: Request, pools: list[tuple[Catalog, Costs]], objective: objec
                 take, rows = np.arange(n), c.idx
                 keys.append(list(ks))
             else:
-                take = np.argpartition(ks[0], k)[:k]
+                take = _top_k(ks, c.idx, k)
                 rows = c.idx[take]
                 keys.append([kk[take] for kk in ks])
             pool_l.append(np.full(len(take), p))
@@ -453,6 +456,24 @@ def _pick(request: Request, pools: list[tuple[Catalog, Costs]], objective: objec
             picked = sorted(chosen, key=rank.__getitem__)
         pools_of, js_of = pool_a.tolist(), j_a.tolist()
         return [(pools_of[r], js_of[r]) for r in picked]
+
+
+def _top_k(ks: Sequence[np.ndarray], rows: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the ``k`` first rows in the full rank order (every key, then catalog row), unordered.
+
+    Design choice: a partition on the first key alone cuts ties at the boundary arbitrarily, so with the
+    ``time`` objective (many rows finish at the same second) a cheaper row could be dropped before the cost
+    tie-break. Rows strictly before the boundary value are kept; of the rows tied at it, only as many as
+    needed are taken, in the order of the remaining keys and the row (what the final sort would do)."""
+    first = ks[0]
+    kth = np.partition(first, k - 1)[k - 1]
+    less = np.flatnonzero(first < kth)
+    tied = np.flatnonzero(first == kth)
+    need = k - len(less)
+    if len(tied) > need:
+        order = np.lexsort((rows[tied], *(kk[tied] for kk in reversed(ks[1:]))))
+        tied = tied[order[:need]]
+    return np.concatenate([less, tied])
 
 
 def check_offer(

@@ -2,14 +2,16 @@
 
 Design choice: of the ~104k non-spot rows of the full catalog only ~19k differ in anything a filter reads
 other than the price (provider, location, capacity, arch, accelerator, GPUs, vCPUs, memory, outlier flag,
-GPU interconnect level); the rest are the same shape in other zones or under other type names. The engine
+GPU interconnect level, burstable family); the rest are the same shape in other zones or under other type
+names. The engine
 runs the filter plugins once over one representative row per group (its cheapest: the catalog is sorted by
 price) and weights each group's verdict by its row count, so the rejection counts stay those of a pass over
 every row. The price cap is the one row-level filter: rows are price-sorted, so it keeps a prefix of the
 catalog, and the rows of a group under it are counted with one ``searchsorted`` over the group-sorted rows.
 
 Contract for filter plugins: a filter's verdict on a row may depend only on the columns in
-:data:`GROUP_COLUMNS`, the instance type's interconnect level (``topology``) and, for ``price_cap`` only,
+:data:`GROUP_COLUMNS`, the instance type's interconnect level (``topology``), its burstable family
+(``burstable``) and, for ``price_cap`` only,
 ``hourly_usd``. A plugin that reads anything else must be added to the grouping key here.
 """
 
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from policies.placement import burstable
 from policies.placement.topology import type_levels
 from pricing.catalog import Catalog
 
@@ -74,6 +77,7 @@ def _build(cat: Catalog) -> OfferGroups:
     code = np.zeros(n, dtype=np.int64)
     cols = [getattr(cat, k) for k in GROUP_COLUMNS]
     cols.append(type_levels(tuple(cat.type_names)).take(cat.type_code) if len(cat.type_names) else np.zeros(n))
+    cols.append(burstable.row_mask(cat))
     for col in cols:
         # Re-factorise after every column: codes stay below n, so the product never overflows.
         _, inv = np.unique(col, return_inverse=True)

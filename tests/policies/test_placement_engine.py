@@ -25,7 +25,14 @@ from policies.placement import (
 from pricing import Catalog, load_egress
 from pricing.egress import GBIT_PER_GIB
 from pricing.inventory import Site
-from tests.pricing.catalog_builders import data, make_catalog, make_offer, make_request, real_catalog  # noqa: F401
+from tests.pricing.catalog_builders import (  # noqa: F401
+    data,
+    make_catalog,
+    make_offer,
+    make_request,
+    real_catalog,
+    shared_core_rows,
+)
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
 EGRESS = load_egress()
@@ -73,7 +80,7 @@ def test_compute_only_choice_equals_a_brute_force_scan_of_the_real_catalog(
         cap = np.array([c.value for c in (Capacity.ON_DEMAND, Capacity.SPOT, Capacity.RESERVED, Capacity.OWNED)])[
             cat.cap_code]
         acc = np.array([a.upper() for a in cat.accelerators])[cat.acc_code]
-        ok = (cat.vcpus >= req.vcpus) & (cat.memory_gib >= req.memory_gib) & ~cat.outlier
+        ok = (cat.vcpus >= req.vcpus) & (cat.memory_gib >= req.memory_gib) & ~cat.outlier & ~shared_core_rows(cat)
         ok &= cat.gpus >= max(req.gpus, 1 if req.accelerator else 0)
         if req.accelerator:
             ok &= acc == req.accelerator.upper()
@@ -89,6 +96,8 @@ def test_compute_only_choice_equals_a_brute_force_scan_of_the_real_catalog(
             ok &= np.array(["amd64", "arm64"])[cat.arch_code] == req.arch
         if req.max_hourly_usd is not None:
             ok &= cat.hourly_usd <= req.max_hourly_usd
+        # whole-vCPU requests are sustained work: no burstable (CPU-credit / shared-core) families
+        ok &= ~shared_core_rows(cat)
         best = float(cat.hourly_usd[ok].min()) * req.nodes * req.duration_hours
         assert res.placement is not None
         assert res.placement.total_usd == pytest.approx(best, rel=1e-9)
@@ -284,7 +293,7 @@ def test_with_data_the_best_equals_a_brute_force_over_every_feasible_row(
                         for loc in cat.locations])
     loc_h = np.array([sum(EGRESS.transfer_hours(d.location, loc, d.size_gib) for d in req.data)
                       for loc in cat.locations])
-    ok = (cat.vcpus >= req.vcpus) & (cat.memory_gib >= req.memory_gib) & ~cat.outlier
+    ok = (cat.vcpus >= req.vcpus) & (cat.memory_gib >= req.memory_gib) & ~cat.outlier & ~shared_core_rows(cat)
     ok &= cat.gpus >= max(req.gpus, 1 if req.accelerator else 0)
     if req.accelerator:
         ok &= cat.acc_code == cat.accelerator_code(req.accelerator)

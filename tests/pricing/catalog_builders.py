@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from broker.model import Capacity, DataInput, InstanceType, Location, Offer, Provenance, Request, SiteKind
@@ -42,6 +43,16 @@ def make_catalog(offers: list[Offer]) -> Catalog:
 
 def make_request(name: str = "job", vcpus: float = 1, memory_gib: float = 1, **kw: object) -> Request:
     return Request(name=name, vcpus=vcpus, memory_gib=memory_gib, **kw)  # type: ignore[arg-type]
+
+
+def shared_core_rows(cat: Catalog) -> np.ndarray:
+    """Rows of burstable families (AWS t*, Azure B-series, GCP shared-core), written independently of the
+    burstable plugin: whole-vCPU requests never get them."""
+    shared_type = np.array([
+        n.startswith(("t1.", "t2.", "t3.", "t3a.", "t4g.")) or n in ("e2-micro", "e2-small", "e2-medium",
+                                                                       "f1-micro", "g1-small")
+        or (n.startswith("Standard_B") and n[10:11].isdigit()) for n in cat.type_names], dtype=bool)
+    return shared_type[cat.type_code]
 
 
 def data(location: str, size_gib: float) -> DataInput:

@@ -18,7 +18,7 @@ from broker.model import Capacity, Offer, Provenance, SpotPolicy
 from policies.placement import place
 from pricing import Catalog, CatalogBuilder, flag_outliers, load_egress, load_embedded
 from pricing.embedded import libcloud_pricing_path
-from tests.pricing.catalog_builders import make_request
+from tests.pricing.catalog_builders import make_request, shared_core_rows
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
 SPOT_CODE = 1  # CAPACITIES.index(Capacity.SPOT), spelled out so that a reordering is caught
@@ -250,6 +250,7 @@ def test_spot_required_places_on_the_cheapest_embedded_spot_offer_and_never_avoi
     res = place(req, cat, eg, now=NOW, top=5)
     assert res.placement is not None and res.feasible > 0
     ok = (cat.vcpus >= vcpus) & (cat.memory_gib >= mem) & ~cat.outlier & (cat.arch_code == 0)  # amd64
+    ok &= ~shared_core_rows(cat)  # whole-vCPU jobs: no burstable types
     brute = float(cat.hourly_usd[ok & (cat.cap_code == SPOT_CODE)].min())
     assert res.placement.capacity == Capacity.SPOT and res.placement.hourly_usd == pytest.approx(brute)
     assert all(o.capacity == Capacity.SPOT for o in res.alternatives)
