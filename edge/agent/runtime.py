@@ -68,6 +68,8 @@ class Agent:
         self._reset_cursor = True
         self._acks: list[Mapping[str, Any]] = []
         self._last_progress = time.monotonic()
+        self._goback_at: float | None = None  # a gap was reported: go back at this time
+        self._goback_delay = 0.0  # grows while go-backs bring no progress (never a tight re-send loop)
         self._handles: dict[str, TaskHandle] = {}
         self._threads: dict[str, threading.Thread] = {}
         self._transport = transport
@@ -127,6 +129,8 @@ class Agent:
                 if self._unacked and stalled:  # acks stopped coming: go back and re-send (ids dedupe)
                     self._reset_cursor = True
                     self._last_progress = time.monotonic()
+                if self._goback_at is not None and time.monotonic() >= self._goback_at:
+                    self._reset_cursor, self._goback_at = True, None
                 if self._reset_cursor:
                     self._unacked.clear()
                     self._cursor = 0
@@ -196,13 +200,18 @@ class Agent:
         ids = [str(i) for b in bodies for i in b.get("ids", [])]
         self.store.ack(ids)
         with self._lock:
-            self._last_progress = time.monotonic()
+            now = time.monotonic()
+            self._last_progress = now
             for i in ids:
                 self._unacked.pop(i, None)
-            if any("expect" in b for b in bodies):
-                # The gateway saw a gap (messages lost between us, e.g. in an MQTT broker restart):
-                # go back to the oldest unacknowledged message at once instead of waiting for the timer.
-                self._reset_cursor = True
+            if ids:
+                self._goback_delay = 0.0
+            if any("expect" in b for b in bodies) and self._goback_at is None:
+                # The gateway saw a gap (messages lost between us, e.g. in an MQTT broker restart): go back
+                # to the oldest unacknowledged message, at once the first time, then after a delay doubling
+                # up to ``retransmit_seconds`` while go-backs bring no acknowledgement.
+                self._goback_at = now + self._goback_delay
+                self._goback_delay = min(max(0.25, 2 * self._goback_delay), self.config.retransmit_seconds)
         return len(ids)
 
     def _on_task(self, body: Mapping[str, Any]) -> None:

