@@ -1,7 +1,8 @@
 """The broker's MQTT side: receives every device's uplink, dispatches tasks, keeps the device registry.
 
 * Subscribes with an MQTT 5 **shared subscription** ``$share/<group>/hb/v1/dev/+/up/#`` so several broker
-  replicas split the load (each replica: its own ``client_id``, the same ``group``).
+  replicas split the load (each replica: its own ``client_id``, the same ``group``, by default
+  :func:`share_group` of the gateway key, which devices cannot guess and so cannot join).
 * Every uplink is checked (:mod:`edge.protocol`): size, shape, sender = certificate identity (Mosquitto's
   ACL pins a device to ``hb/v1/dev/<CN>/``, so the topic's device is the authenticated one) = envelope
   device, device known and not revoked, certificate unexpired, signature by the device's registered key,
@@ -26,6 +27,7 @@ split between them; a message processed out of turn is refused as a gap and re-s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import queue
@@ -40,6 +42,7 @@ from typing import Any, Protocol
 
 import paho.mqtt.client as mqtt
 import sqlalchemy as sa
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
@@ -53,7 +56,7 @@ from broker.model import JobSpec
 from broker.store import Store, utc
 from edge import pki, protocol
 
-__all__ = ["Gateway", "TaskSink", "RecordingSink", "task_body"]
+__all__ = ["Gateway", "TaskSink", "RecordingSink", "task_body", "share_group"]
 
 log = logging.getLogger("broker.gateway")
 _TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost", "refused"})
@@ -117,6 +120,16 @@ def task_body(task_id: str, job_id: str, spec: JobSpec, expires_at: datetime) ->
             "expires_ms": int(expires_at.timestamp() * 1000)}
 
 
+def share_group(key: ec.EllipticCurvePrivateKey) -> str:
+    """The gateway replicas' shared-subscription group: derived from the gateway key they all hold, so a
+    device cannot guess it. Mosquitto 2.0's ACL file does not check SUBSCRIBE at all (only delivery, by
+    the message topic), so a device may subscribe to ``$share/<group>/...``: with a known group it would
+    take a share of every uplink (never delivered to it, but lost for the gateway)."""
+    der = key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    return "hb-gw-" + hashlib.sha256(b"hb-gateway-share-group\0" + der).hexdigest()[:32]
+
+
 def _field(body: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
     """``body[key]`` checked to be a ``kind`` (``float`` accepts ints; bools are never numbers), else
     ``default`` when absent or null; a present value of another type raises ``Rejected(malformed)``."""
@@ -149,7 +162,7 @@ class Gateway:
         key_file: str,
         sink: TaskSink | None = None,
         clock: Clock | None = None,
-        group: str = "hb-gateway",
+        group: str | None = None,
         client_id: str | None = None,
         window_s: float = protocol.WINDOW_SECONDS,
         max_payload_bytes: int = protocol.MAX_PAYLOAD_BYTES,
@@ -160,7 +173,8 @@ class Gateway:
         self.store = store
         self.sink: TaskSink = sink or RecordingSink()
         self.clock = clock or SystemClock()
-        self.group = group
+        self._key = pki.load_key(key_file)
+        self.group = group or share_group(self._key)
         self.window_ms = int(window_s * 1000)
         self.max_payload_bytes = max_payload_bytes
         self.offline_after_s = offline_after_s
@@ -169,7 +183,6 @@ class Gateway:
         self.rejections = protocol.RejectionCounter(on_reject=self._count_prom)
         self.accepted = 0
         self.duplicates = 0
-        self._key = pki.load_key(key_file)
         self._inbox: queue.Queue[tuple[str, bytes]] = queue.Queue()
         self._stop = threading.Event()
         self._connected = threading.Event()

@@ -5,16 +5,24 @@ Mosquitto with mutual TLS and agents running as processes."""
 
 from __future__ import annotations
 
+import ssl
+import threading
+import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
+import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from broker import devices
 from broker.clock import ManualClock
 from broker.gateway import Gateway, RecordingSink
 from edge import protocol
+from tests.edge.conftest import MOSQUITTO, make_gateway, wait_until
 from tests.edge.test_edge_gateway import Dev, spec
+from tests.edge.test_edge_refusals import Fleet
 
 
 @pytest.fixture()
@@ -116,3 +124,45 @@ def test_a_message_that_breaks_processing_costs_only_its_sender(rig: Any) -> Non
     assert gw.process_isolated([evil.msg("hello", {}), good.msg("hello", {}), good.msg("heartbeat", {})]) == 2
     assert gw.rejections.counts == {protocol.MALFORMED: 1}
     assert _acked(sent, "good2-dev") and not _acked(sent, "evil2-dev")
+
+
+# ---- the ACL and the gateway's shared subscription (real Mosquitto, mutual TLS) ----------------------------
+@pytest.mark.network
+def test_a_devices_foreign_and_shared_subscriptions_get_nothing_and_take_nothing(tmp_path: Path) -> None:
+    if MOSQUITTO is None:
+        pytest.skip("mosquitto is not installed (apt-get install -y mosquitto)")
+    fleet = Fleet(tmp_path)
+    fleet.mosq.start()
+    gw = make_gateway(fleet.store, fleet.mosq, fleet.ca)
+    victim = fleet.device("victim-dev")
+    cert, key = fleet.enroll("nosy-dev")
+    got: list[str] = []
+    nosy = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="nosy-dev", protocol=MQTTProtocolVersion.MQTTv5)
+    nosy.tls_set(ca_certs=str(fleet.ca.directory / "ca.pem"), certfile=str(cert), keyfile=str(key),
+                 tls_version=ssl.PROTOCOL_TLS_CLIENT)
+    nosy.on_message = lambda _c, _u, m: got.append(m.topic)
+    subscribed = threading.Event()
+    nosy.on_subscribe = lambda *_a: subscribed.set()
+    try:
+        assert victim.connect()
+        nosy.connect("127.0.0.1", fleet.mosq.port)
+        nosy.loop_start()
+        filters = ["$share/hb-gateway/hb/v1/dev/+/up/#", "$share/hb-gw/hb/v1/dev/+/up/#", "hb/v1/dev/+/up/#", "#",
+                   "$share/x/hb/v1/dev/victim-dev/down/#"]
+        nosy.subscribe([(f, 1) for f in filters])
+        assert subscribed.wait(5)
+        assert gw.group.startswith("hb-gw-") and len(gw.group) > 30  # derived from the gateway key: unguessable
+        for i in range(20):
+            assert not victim.publish(victim.seal({"i": i})).is_failure
+        wait_until(lambda: fleet.stored("victim-dev") == 20, 15, "every victim message to reach the gateway")
+        assert gw.rejections.counts.get(protocol.GAP, 0) == 0  # nothing was taken out of the gateway's group
+        gw.send("victim-dev", "ack", {"ids": []})
+        time.sleep(0.5)
+        assert got == []  # read access outside its own subtree is denied, shared or not
+    finally:
+        nosy.disconnect()
+        nosy.loop_stop()
+        victim.close()
+        gw.stop()
+        fleet.mosq.stop()
+        fleet.store.dispose()
