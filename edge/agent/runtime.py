@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from edge import pki, protocol
 from edge.agent import sysinfo
 from edge.agent.config import AGENT_VERSION, AgentConfig
-from edge.agent.executor import TaskHandle, kill_group_of, run_task
+from edge.agent.executor import TaskHandle, kill_task, run_task
 from edge.agent.store import Store
 from edge.agent.transport import MqttTransport, Transport
 
@@ -252,16 +252,16 @@ class Agent:
             self._threads[t.task_id] = th
             th.start()
 
-    def _pid_recorder(self, task_id: str) -> Callable[[int], None]:
-        def record(pid: int) -> None:
-            self.store.set_meta(f"pid:{task_id}", str(pid))
+    def _pid_recorder(self, task_id: str) -> Callable[[str], None]:
+        def record(tag: str) -> None:
+            self.store.set_meta(f"pid:{task_id}", tag)
 
         return record
 
     def _run_one(self, task_id: str, spec: Mapping[str, Any], attempt: int, handle: TaskHandle) -> None:
         try:
-            state, code = run_task(spec, workdir_root=self.config.path("work"), attempt=attempt,
-                                   emit=self.emit, handle=handle)
+            state, code = run_task(spec, workdir_root=self.config.work_root, attempt=attempt,
+                                   emit=self.emit, handle=handle, user=self.config.task_user)
             if state != "interrupted":  # interrupted tasks stay "running" and restart on next start
                 self.store.set_task_state(task_id, state, exit_code=code)
         except Exception:  # noqa: BLE001 - a task must never take the agent down
@@ -276,9 +276,9 @@ class Agent:
         """Re-queue tasks that were running when the agent last stopped (reboot, SIGKILL)."""
         ids = [t.task_id for t in self.store.tasks("running")]
         for i in ids:
-            pid = self.store.get_meta(f"pid:{i}")
-            if pid is not None and int(pid) > 1:
-                kill_group_of(int(pid))  # an orphan of a SIGKILLed agent must not run twice
+            tag = self.store.get_meta(f"pid:{i}")
+            if tag:  # an orphan of a SIGKILLed agent must not run twice; a reused pid is left alone
+                kill_task(tag)
             self.store.set_task_state(i, "queued")
         return ids
 

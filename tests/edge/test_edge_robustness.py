@@ -5,7 +5,11 @@ Mosquitto with mutual TLS and agents running as processes."""
 
 from __future__ import annotations
 
+import json
+import os
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -166,3 +170,80 @@ def test_a_devices_foreign_and_shared_subscriptions_get_nothing_and_take_nothing
         gw.stop()
         fleet.mosq.stop()
         fleet.store.dispose()
+
+
+# ---- the executor: bounded result lines, the whole process tree, the task user -----------------------------
+def _run_task(root: Path, command: list[str], **extra: Any) -> tuple[str, list[tuple[str, Any, str, bool]]]:
+    from edge.agent.executor import TaskHandle, run_task
+
+    emitted: list[tuple[str, Any, str, bool]] = []
+    user = extra.pop("user", None)
+    body = {"task_id": "t13", "job_id": "j13", "command": command, **extra}
+    state, _rc = run_task(body, workdir_root=root, attempt=1, emit=emitted.extend, handle=TaskHandle(), user=user)
+    return state, emitted
+
+
+def test_a_1mib_result_line_fails_the_task_with_a_clear_error_and_every_uplink_fits(tmp_path: Path) -> None:
+    from edge.agent.executor import MAX_RESULT_BYTES
+
+    code = ("import sys, time\nprint('@hb-result 1', flush=True)\nsys.stdout.write('@hb-result \"' + 'x' * (1 << 20)"
+            " + '\"\\n'); sys.stdout.flush()\nprint('@hb-result 3', flush=True)\ntime.sleep(30)\n")
+    state, out = _run_task(tmp_path, [sys.executable, "-c", code], timeout_seconds=60)
+    final = out[-1][1]
+    assert state == "failed" and final["final"] and "longer than the" in final["error"] and "To fix" in final["error"]
+    assert [b["value"] for k, b, i, _d in out if k == "result" and not b.get("final")] == [1]
+    assert all(len(protocol.canonical(b)) <= MAX_RESULT_BYTES for _k, b, _i, _d in out)
+
+
+def test_a_timeout_kills_the_whole_tree_including_a_setsid_child(tmp_path: Path) -> None:
+    import psutil
+
+    code = ("import subprocess, sys, time\n"
+            "p = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+            "print('@hb-result %d' % p.pid, flush=True)\ntime.sleep(300)\n")
+    state, out = _run_task(tmp_path, [sys.executable, "-c", code], timeout_seconds=1)
+    (child,) = [b["value"] for k, b, _i, _d in out if k == "result" and not b.get("final")]
+    assert state == "failed" and "time limit" in out[-1][1]["error"]
+    wait_until(lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE, 5,
+               "the setsid child to be killed")
+
+
+def test_a_stale_saved_pid_is_not_killed_but_the_tasks_own_processes_are() -> None:
+    from edge.agent.executor import kill_task, process_tag
+
+    bystander = subprocess.Popen(["sleep", "300"])
+    orphan = subprocess.Popen(["sleep", "300"], env={"HB_TASK_RUN": "run-13", "PATH": "/usr/bin:/bin"},
+                              start_new_session=True)
+    try:
+        pid, started, _run = process_tag(bystander.pid, "other-run").split(":")
+        stale = f"{pid}:{float(started) - 3600:.3f}:run-13"  # the saved pid, since reused by another program
+        assert kill_task(stale) == 1
+        assert bystander.poll() is None and orphan.wait(5) == -9
+    finally:
+        bystander.kill()
+        orphan.kill()
+
+
+def test_a_task_runs_as_the_task_user_with_a_clean_env_and_cannot_read_device_key(
+        tmp_path: Path, task_user: str, task_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o700)
+    key = state_dir / "device.key"
+    key.write_text("-----BEGIN PRIVATE KEY-----secret")
+    key.chmod(0o600)
+    monkeypatch.setenv("HB_AGENT_SECRET", "do-not-leak")
+    script = (f"echo \"@hb-result \\\"$(id -un)\\\"\"; echo \"@hb-result \\\"$HB_AGENT_SECRET|$HOME\\\"\"; "
+              f"cat {key} && echo '@hb-result \"read\"'; true")
+    state, out = _run_task(task_root, ["/bin/sh", "-c", script], user=task_user)
+    values = [b["value"] for k, b, _i, _d in out if k == "result" and not b.get("final")]
+    assert state == "succeeded", out[-1]
+    assert values == [task_user, f"|{task_root / 't13'}"]
+    assert "secret" not in json.dumps(out) and "Permission denied" in out[-1][1]["stderr_tail"]
+    assert (task_root / "t13").stat().st_uid != 0
+
+
+def test_a_missing_task_user_fails_the_task_with_what_to_do(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the task user is only switched to by a root agent")
+    state, out = _run_task(tmp_path, ["true"], user="no-such-user-13")
+    assert state == "failed" and "edge-agent install" in out[-1][1]["error"]
