@@ -247,3 +247,72 @@ def test_a_missing_task_user_fails_the_task_with_what_to_do(tmp_path: Path) -> N
         pytest.skip("the task user is only switched to by a root agent")
     state, out = _run_task(tmp_path, ["true"], user="no-such-user-13")
     assert state == "failed" and "edge-agent install" in out[-1][1]["error"]
+
+
+# ---- through real parts: Mosquitto with mTLS, the agent as a process --------------------------------------
+RERUN = (
+    "import os, sys, time\n"
+    "for i in range(3): print('@hb-result %d' % i, flush=True)\n"
+    "while not os.path.exists(sys.argv[1]): time.sleep(0.05)\n"
+    "for i in range(3, 6): print('@hb-result %d' % i, flush=True)\n"
+)
+
+
+@pytest.mark.network
+def test_kill_9_mid_task_then_restart_finishes_the_job_with_every_result_once(
+        tmp_path: Path, store: Any, mosquitto: Any, edge_api: Any, fresh_ca: Any) -> None:
+    from broker.clock import utcnow
+    from tests.edge.conftest import AgentProcess, enroll_agent
+    from tests.edge.test_edge_e2e import _outbox_results, final_of, make_spec, results
+
+    gw = make_gateway(store, mosquitto, fresh_ca)
+    state = tmp_path / "dev"
+    agent = AgentProcess(state)
+    go = tmp_path / "go"
+    try:
+        enroll_agent(state, edge_api, store, mosquitto, "rerun-e2e")
+        agent.start()
+        gw.dispatch("rerun-e2e", "job-k9", make_spec([sys.executable, "-c", RERUN, str(go)]),
+                    utcnow() + timedelta(minutes=5))
+        wait_until(lambda: len(results(store, "rerun-e2e", "job-k9.1")) == 3, 30, "the first three results")
+        wait_until(lambda: _outbox_results(state) == 0, 30, "the agent to get their acknowledgements")
+        agent.kill9()  # mid-task: the task's process is orphaned, its results so far are acknowledged
+        go.touch()
+        agent.start()  # recover: the orphan is killed, the task re-runs and re-emits r0..r2 under new seqs
+        assert gw.sink.wait_for("job-k9", "SUCCEEDED", 30), (gw.sink.calls, gw.rejections.counts)
+        assert [r["value"] for r in results(store, "rerun-e2e", "job-k9.1")] == [0, 1, 2, 3, 4, 5]
+        assert final_of(store, "rerun-e2e", "job-k9.1") is not None
+        assert [c[1] for c in gw.sink.calls if c[0] == "job-k9"] == ["RUNNING", "SUCCEEDED"]
+        # later messages still go through: the device is not wedged
+        gw.dispatch("rerun-e2e", "job-k9b", make_spec(["true"]), utcnow() + timedelta(minutes=5))
+        assert gw.sink.wait_for("job-k9b", "SUCCEEDED", 30), gw.rejections.counts
+        assert gw.rejections.counts.get(protocol.GAP, 0) < 20  # no re-send storm
+    finally:
+        agent.stop()
+        gw.stop()
+
+
+@pytest.mark.network
+def test_a_task_on_a_real_agent_cannot_read_device_key(tmp_path: Path, store: Any, mosquitto: Any, edge_api: Any,
+                                                       fresh_ca: Any, task_user: str, task_root: Path) -> None:
+    from broker.clock import utcnow
+    from tests.edge.conftest import AgentProcess, enroll_agent
+    from tests.edge.test_edge_e2e import final_of, make_spec
+
+    gw = make_gateway(store, mosquitto, fresh_ca)
+    state = tmp_path / "dev"
+    agent = AgentProcess(state)
+    try:
+        enroll_agent(state, edge_api, store, mosquitto, "keyed-e2e", task_user=task_user, work_dir=str(task_root))
+        agent.start()
+        key_text = (state / "device.key").read_text()
+        gw.dispatch("keyed-e2e", "job-key", make_spec(["/bin/sh", "-c", f"id -un; cat {state / 'device.key'}"]),
+                    utcnow() + timedelta(minutes=5))
+        assert gw.sink.wait_for("job-key", "FAILED", 30), gw.sink.calls
+        final = final_of(store, "keyed-e2e", "job-key.1")
+        assert final is not None and final["stdout_tail"].strip() == task_user
+        assert "PRIVATE KEY" not in json.dumps(final) and key_text not in json.dumps(final)
+        assert "Permission denied" in final["stderr_tail"]
+    finally:
+        agent.stop()
+        gw.stop()
