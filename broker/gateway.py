@@ -1,7 +1,8 @@
 """The broker's MQTT side: receives every device's uplink, dispatches tasks, keeps the device registry.
 
 * Subscribes with an MQTT 5 **shared subscription** ``$share/<group>/hb/v1/dev/+/up/#`` so several broker
-  replicas split the load (each replica: its own ``client_id``, the same ``group``).
+  replicas split the load (each replica: its own ``client_id``, the same ``group``, by default
+  :func:`share_group` of the gateway key, which devices cannot guess and so cannot join).
 * Every uplink is checked (:mod:`edge.protocol`): size, shape, sender = certificate identity (Mosquitto's
   ACL pins a device to ``hb/v1/dev/<CN>/``, so the topic's device is the authenticated one) = envelope
   device, device known and not revoked, certificate unexpired, signature by the device's registered key,
@@ -26,6 +27,7 @@ split between them; a message processed out of turn is refused as a gap and re-s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import queue
@@ -40,6 +42,7 @@ from typing import Any, Protocol
 
 import paho.mqtt.client as mqtt
 import sqlalchemy as sa
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
@@ -53,7 +56,7 @@ from broker.model import JobSpec
 from broker.store import Store, utc
 from edge import pki, protocol
 
-__all__ = ["Gateway", "TaskSink", "RecordingSink", "task_body"]
+__all__ = ["Gateway", "TaskSink", "RecordingSink", "task_body", "share_group"]
 
 log = logging.getLogger("broker.gateway")
 _TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost", "refused"})
@@ -117,6 +120,28 @@ def task_body(task_id: str, job_id: str, spec: JobSpec, expires_at: datetime) ->
             "expires_ms": int(expires_at.timestamp() * 1000)}
 
 
+def share_group(key: ec.EllipticCurvePrivateKey) -> str:
+    """The gateway replicas' shared-subscription group: derived from the gateway key they all hold, so a
+    device cannot guess it. Mosquitto 2.0's ACL file does not check SUBSCRIBE at all (only delivery, by
+    the message topic), so a device may subscribe to ``$share/<group>/...``: with a known group it would
+    take a share of every uplink (never delivered to it, but lost for the gateway)."""
+    der = key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    return "hb-gw-" + hashlib.sha256(b"hb-gateway-share-group\0" + der).hexdigest()[:32]
+
+
+def _field(body: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
+    """``body[key]`` checked to be a ``kind`` (``float`` accepts ints; bools are never numbers), else
+    ``default`` when absent or null; a present value of another type raises ``Rejected(malformed)``."""
+    v = body.get(key)
+    if v is None:
+        return default
+    ok = isinstance(v, (int, float) if kind is float else kind) and not (kind is not bool and isinstance(v, bool))
+    if not ok or (kind is float and v != v):
+        raise protocol.Rejected(protocol.MALFORMED, f"body field {key!r} is not {kind.__name__}")
+    return float(v) if kind is float else v
+
+
 @dataclass
 class _Accepted:
     device: str
@@ -137,7 +162,7 @@ class Gateway:
         key_file: str,
         sink: TaskSink | None = None,
         clock: Clock | None = None,
-        group: str = "hb-gateway",
+        group: str | None = None,
         client_id: str | None = None,
         window_s: float = protocol.WINDOW_SECONDS,
         max_payload_bytes: int = protocol.MAX_PAYLOAD_BYTES,
@@ -148,7 +173,8 @@ class Gateway:
         self.store = store
         self.sink: TaskSink = sink or RecordingSink()
         self.clock = clock or SystemClock()
-        self.group = group
+        self._key = pki.load_key(key_file)
+        self.group = group or share_group(self._key)
         self.window_ms = int(window_s * 1000)
         self.max_payload_bytes = max_payload_bytes
         self.offline_after_s = offline_after_s
@@ -157,7 +183,6 @@ class Gateway:
         self.rejections = protocol.RejectionCounter(on_reject=self._count_prom)
         self.accepted = 0
         self.duplicates = 0
-        self._key = pki.load_key(key_file)
         self._inbox: queue.Queue[tuple[str, bytes]] = queue.Queue()
         self._stop = threading.Event()
         self._connected = threading.Event()
@@ -265,11 +290,21 @@ class Gateway:
                     batch.append(self._inbox.get_nowait())
                 except queue.Empty:
                     break
-            try:
-                self.process(batch)
-            except Exception:  # noqa: BLE001 - never let one bad batch stop the gateway
-                log.exception("gateway batch of %d failed; the devices will re-send", len(batch))
+            self.process_isolated(batch)
             self._maybe_check()
+
+    def process_isolated(self, batch: list[tuple[str, bytes]]) -> int:
+        """:meth:`process`; when the batch fails as a whole, each message again on its own, so a message
+        that breaks processing costs only its sender (counted as ``malformed``), never the other devices."""
+        try:
+            return self.process(batch)
+        except Exception:  # noqa: BLE001 - never let one bad message stop the gateway or its batch
+            if len(batch) == 1:
+                log.exception("uplink on %s could not be processed", batch[0][0])
+                self.rejections.add(protocol.MALFORMED)
+                return 0
+            log.warning("gateway batch of %d failed; processing its messages one by one", len(batch))
+        return sum(self.process_isolated([m]) for m in batch)
 
     def _maybe_check(self) -> None:
         if time.monotonic() - self._last_check >= 5.0:
@@ -345,11 +380,19 @@ class Gateway:
                     protocol.verify_signature(env, self._pubkey(dev))
                     if abs(env.ts - now_ms) > self.window_ms:
                         raise protocol.Rejected(protocol.STALE, f"ts is {abs(env.ts - now_ms) / 1000:.0f} s off")
+                    last = last_seq[d]
                     if (d, env.id) in seen:
+                        # A re-send, or a re-run's re-emitted result under a new seq (kill -9 mid-task).
+                        # Acknowledged only once the window has reached it, and the window moves past it:
+                        # acking one beyond a gap would leave a hole the agent can never fill again.
                         self.duplicates += 1
+                        if env.seq == last + 1:
+                            last_seq[d] = env.seq
+                        elif env.seq > last + 1:
+                            expect[d] = last + 1
+                            raise protocol.Rejected(protocol.GAP, f"seq {env.seq}, expected {last + 1}")
                         acks.setdefault(d, []).append(env.id)
                         raise protocol.Rejected(protocol.DUPLICATE, f"id {env.id}")
-                    last = last_seq[d]
                     if env.seq <= last:
                         raise protocol.Rejected(protocol.REPLAY, f"seq {env.seq} <= {last}")
                     if env.seq != last + 1:
@@ -370,7 +413,12 @@ class Gateway:
                              "body": json.dumps(env.body, separators=(",", ":")), "received_at": now})
                 acks.setdefault(d, []).append(env.id)
                 kinds[env.kind] = kinds.get(env.kind, 0) + 1
-                self._apply(s, dev, env, now, effects, redispatch)
+                try:
+                    self._apply(s, dev, env, now, effects, redispatch)
+                except protocol.Rejected as rej:
+                    # Signed and in sequence, but its body is unusable: the window moves on (or the device
+                    # would wedge itself re-sending it), nothing is applied, and it is counted.
+                    self._reject(rej.reason, topic, rej.detail)
             if rows:
                 s.execute(sa.insert(UplinkRow), rows)
                 stored = len(rows)
@@ -403,34 +451,39 @@ class Gateway:
     def _apply(self, s: Session, dev: EdgeDeviceRow, env: protocol.Envelope, now: datetime,
                effects: list[tuple[str, str, int | None, dict[str, Any]]],
                redispatch: dict[str, list[dict[str, Any]]]) -> None:
+        """Apply one accepted uplink. Every field is checked before anything changes: a wrong type raises
+        :class:`protocol.Rejected` (``malformed``) with the device row and the task untouched."""
         b = env.body
         if env.kind == "hello":
-            dev.agent_version = str(b.get("agent_version") or "")[:32] or dev.agent_version
+            version = _field(b, "agent_version", str, "")[:32]
+            dev.agent_version = version or dev.agent_version
             redispatch[dev.id] = self._redispatch(s, dev.id, now)
         elif env.kind == "capacity":
-            dev.vcpus = float(b.get("vcpus") or 0)
-            dev.memory_gib = float(b.get("memory_gib") or 0)
-            dev.gpus = int(b.get("gpus") or 0)
-            dev.arch = str(b.get("arch") or "amd64")[:16]
-            dev.disk_gib = float(b.get("disk_gib") or 0)
-            dev.agent_version = str(b.get("agent_version") or "")[:32] or dev.agent_version
-            raw_link = b.get("link")
-            link: Mapping[str, Any] = raw_link if isinstance(raw_link, Mapping) else {}
-            if link.get("latency_ms") is not None:
-                dev.latency_ms = float(link["latency_ms"])
-            if link.get("bandwidth_mbps") is not None:
-                dev.bandwidth_mbps = float(link["bandwidth_mbps"])
+            link = _field(b, "link", Mapping, {})
+            values = {"vcpus": _field(b, "vcpus", float, 0.0), "memory_gib": _field(b, "memory_gib", float, 0.0),
+                      "gpus": int(_field(b, "gpus", int, 0)), "arch": _field(b, "arch", str, "amd64")[:16],
+                      "disk_gib": _field(b, "disk_gib", float, 0.0)}
+            version = _field(b, "agent_version", str, "")[:32]
+            latency = _field(link, "latency_ms", float, None)
+            bandwidth = _field(link, "bandwidth_mbps", float, None)
+            for k, v in values.items():
+                setattr(dev, k, v)
+            dev.agent_version = version or dev.agent_version
+            if latency is not None:
+                dev.latency_ms = latency
+            if bandwidth is not None:
+                dev.bandwidth_mbps = bandwidth
         elif env.kind == "status" or (env.kind == "result" and b.get("final")):  # partial results: stored only
-            task_id = str(b.get("task_id") or "")
+            task_id = _field(b, "task_id", str, "")
+            state = _field(b, "state", str, "")
+            code = _field(b, "exit_code", int, None)
             task = s.get(EdgeTaskRow, task_id) if task_id else None
             if task is None or task.device_id != dev.id:
                 return
-            state = str(b.get("state") or "")
             if state == "running" and task.state == "dispatched":
                 task.state, task.updated_at = "running", now
                 effects.append((task.job_id, "RUNNING", None, {"task_id": task_id, "device": dev.id}))
             elif state in ("succeeded", "failed", "cancelled", "refused"):
-                code = b.get("exit_code") if isinstance(b.get("exit_code"), int) else None
                 if task.state in _TERMINAL:
                     task.late_outcome = state  # never report a job's outcome twice
                 else:

@@ -52,6 +52,8 @@ __all__ = [
     "seal",
     "open_envelope",
     "verify_signature",
+    "verify_shape",
+    "MAX_DEPTH",
     "now_ms",
 ]
 
@@ -59,6 +61,7 @@ VERSION = 1
 TOPIC_ROOT = "hb/v1/dev"
 MAX_PAYLOAD_BYTES = 256 * 1024
 WINDOW_SECONDS = 300.0
+MAX_DEPTH = 32  # deepest nesting of a body (dicts and lists) a receiver accepts
 
 UP_KINDS = frozenset({"hello", "heartbeat", "capacity", "status", "result", "telemetry"})
 DOWN_KINDS = frozenset({"task", "cancel", "ack"})
@@ -174,6 +177,8 @@ def open_envelope(payload: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> Enve
         raw = json.loads(payload)
     except (ValueError, UnicodeDecodeError) as exc:
         raise Rejected(MALFORMED, f"not JSON: {exc}") from None
+    except RecursionError:
+        raise Rejected(MALFORMED, f"JSON nested deeper than {MAX_DEPTH} levels") from None
     if not isinstance(raw, dict):
         raise Rejected(MALFORMED, "envelope is not an object")
     if raw.get("v") != VERSION:
@@ -187,8 +192,24 @@ def open_envelope(payload: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> Enve
         raise Rejected(MALFORMED, f"unknown fields {sorted(set(raw) - set(types) - {'v'})}")
     if not raw["id"] or len(raw["id"]) > 128:
         raise Rejected(MALFORMED, "id must be 1-128 chars")
-    return Envelope(v=VERSION, id=raw["id"], device=raw["device"], seq=raw["seq"], ts=raw["ts"],
-                    kind=raw["kind"], body=raw["body"], sig=raw["sig"])
+    env = Envelope(v=VERSION, id=raw["id"], device=raw["device"], seq=raw["seq"], ts=raw["ts"],
+                   kind=raw["kind"], body=raw["body"], sig=raw["sig"])
+    verify_shape(env)
+    return env
+
+
+def verify_shape(env: Envelope, max_depth: int = MAX_DEPTH) -> None:
+    """Raise :class:`Rejected` (``malformed``) when ``env.body`` nests deeper than ``max_depth`` (checked
+    without recursion, so a hostile payload cannot exhaust the stack of a receiver)."""
+    stack: list[tuple[Any, int]] = [(env.body, 1)]
+    while stack:
+        obj, depth = stack.pop()
+        if depth > max_depth:
+            raise Rejected(MALFORMED, f"body nested deeper than {max_depth} levels")
+        if isinstance(obj, dict):
+            stack.extend((v, depth + 1) for v in obj.values())
+        elif isinstance(obj, list):
+            stack.extend((v, depth + 1) for v in obj)
 
 
 def verify_signature(env: Envelope, public_key: ec.EllipticCurvePublicKey) -> None:

@@ -2,7 +2,9 @@
 
 State directory layout: ``agent.yaml``, ``device.key`` (0600, generated on the device, never sent),
 ``device.pem``, ``ca.pem``, ``gateway.pem`` (verifies downlinks), ``agent.db`` (outbox/inbox),
-``status.json`` (written by ``run`` for ``status``), ``work/<task id>/`` (task working directories).
+``status.json`` (written by ``run`` for ``status``). Task working directories are ``<work_dir>/<task id>/``,
+outside the state directory (default: the sibling ``<state dir>-tasks``), and tasks run as ``task_user``
+(created by ``edge-agent install``; empty = as the agent itself, which then lets tasks read ``device.key``).
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class AgentConfig:
     retransmit_seconds: float = 15.0  # re-send unacknowledged messages when no ack came for this long
     max_parallel_tasks: int = 0  # 0 = number of CPUs
     http_ca_file: str = ""  # CA bundle for an https broker_url; empty = system default
+    task_user: str = "hb-task"  # tasks run as this user when the agent is root; "" = as the agent
+    work_dir: str = ""  # task working directories; "" = <state_dir>-tasks (never inside the state dir)
 
     @property
     def dir(self) -> Path:
@@ -51,6 +55,14 @@ class AgentConfig:
 
     def path(self, name: str) -> Path:
         return self.dir / name
+
+    @property
+    def work_root(self) -> Path:
+        """Where task working directories go: ``work_dir``, else ``<state dir>-tasks`` beside the state dir."""
+        if self.work_dir:
+            return Path(self.work_dir)
+        d = self.dir.resolve()
+        return d.with_name(d.name + "-tasks")
 
     @classmethod
     def load(cls, state_dir: str | Path) -> AgentConfig:

@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from edge import pki, protocol
 from edge.agent import sysinfo
 from edge.agent.config import AGENT_VERSION, AgentConfig
-from edge.agent.executor import TaskHandle, kill_group_of, run_task
+from edge.agent.executor import TaskHandle, kill_task, run_task
 from edge.agent.store import Store
 from edge.agent.transport import MqttTransport, Transport
 
@@ -68,6 +68,8 @@ class Agent:
         self._reset_cursor = True
         self._acks: list[Mapping[str, Any]] = []
         self._last_progress = time.monotonic()
+        self._goback_at: float | None = None  # a gap was reported: go back at this time
+        self._goback_delay = 0.0  # grows while go-backs bring no progress (never a tight re-send loop)
         self._handles: dict[str, TaskHandle] = {}
         self._threads: dict[str, threading.Thread] = {}
         self._transport = transport
@@ -127,6 +129,8 @@ class Agent:
                 if self._unacked and stalled:  # acks stopped coming: go back and re-send (ids dedupe)
                     self._reset_cursor = True
                     self._last_progress = time.monotonic()
+                if self._goback_at is not None and time.monotonic() >= self._goback_at:
+                    self._reset_cursor, self._goback_at = True, None
                 if self._reset_cursor:
                     self._unacked.clear()
                     self._cursor = 0
@@ -196,13 +200,18 @@ class Agent:
         ids = [str(i) for b in bodies for i in b.get("ids", [])]
         self.store.ack(ids)
         with self._lock:
-            self._last_progress = time.monotonic()
+            now = time.monotonic()
+            self._last_progress = now
             for i in ids:
                 self._unacked.pop(i, None)
-            if any("expect" in b for b in bodies):
-                # The gateway saw a gap (messages lost between us, e.g. in an MQTT broker restart):
-                # go back to the oldest unacknowledged message at once instead of waiting for the timer.
-                self._reset_cursor = True
+            if ids:
+                self._goback_delay = 0.0
+            if any("expect" in b for b in bodies) and self._goback_at is None:
+                # The gateway saw a gap (messages lost between us, e.g. in an MQTT broker restart): go back
+                # to the oldest unacknowledged message, at once the first time, then after a delay doubling
+                # up to ``retransmit_seconds`` while go-backs bring no acknowledgement.
+                self._goback_at = now + self._goback_delay
+                self._goback_delay = min(max(0.25, 2 * self._goback_delay), self.config.retransmit_seconds)
         return len(ids)
 
     def _on_task(self, body: Mapping[str, Any]) -> None:
@@ -243,16 +252,16 @@ class Agent:
             self._threads[t.task_id] = th
             th.start()
 
-    def _pid_recorder(self, task_id: str) -> Callable[[int], None]:
-        def record(pid: int) -> None:
-            self.store.set_meta(f"pid:{task_id}", str(pid))
+    def _pid_recorder(self, task_id: str) -> Callable[[str], None]:
+        def record(tag: str) -> None:
+            self.store.set_meta(f"pid:{task_id}", tag)
 
         return record
 
     def _run_one(self, task_id: str, spec: Mapping[str, Any], attempt: int, handle: TaskHandle) -> None:
         try:
-            state, code = run_task(spec, workdir_root=self.config.path("work"), attempt=attempt,
-                                   emit=self.emit, handle=handle)
+            state, code = run_task(spec, workdir_root=self.config.work_root, attempt=attempt,
+                                   emit=self.emit, handle=handle, user=self.config.task_user)
             if state != "interrupted":  # interrupted tasks stay "running" and restart on next start
                 self.store.set_task_state(task_id, state, exit_code=code)
         except Exception:  # noqa: BLE001 - a task must never take the agent down
@@ -267,9 +276,9 @@ class Agent:
         """Re-queue tasks that were running when the agent last stopped (reboot, SIGKILL)."""
         ids = [t.task_id for t in self.store.tasks("running")]
         for i in ids:
-            pid = self.store.get_meta(f"pid:{i}")
-            if pid is not None and int(pid) > 1:
-                kill_group_of(int(pid))  # an orphan of a SIGKILLed agent must not run twice
+            tag = self.store.get_meta(f"pid:{i}")
+            if tag:  # an orphan of a SIGKILLed agent must not run twice; a reused pid is left alone
+                kill_task(tag)
             self.store.set_task_state(i, "queued")
         return ids
 

@@ -203,6 +203,7 @@ def enroll_agent(state_dir: Path, api: ApiServer, store: Any, mosquitto: Mosquit
     cfg.setdefault("heartbeat_seconds", 2.0)
     cfg.setdefault("retransmit_seconds", 2.0)
     cfg.setdefault("reconnect_max_seconds", 1)
+    cfg.setdefault("task_user", "")  # tasks here run the test's interpreter, which the task user cannot reach
     c = dataclasses.replace(c, **cfg)
     c.save()
     return c
@@ -234,3 +235,34 @@ class AgentProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+TASK_USER = "hb-task-test"
+
+
+@pytest.fixture(scope="session")
+def task_user() -> str:
+    """An unprivileged account for tasks (what ``edge-agent install`` creates); needs root."""
+    import pwd
+
+    if os.geteuid() != 0:
+        pytest.skip("running tasks as another user needs root")
+    try:
+        pwd.getpwnam(TASK_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", TASK_USER],
+                       check=True, capture_output=True)
+    return TASK_USER
+
+
+@pytest.fixture()
+def task_root() -> Iterator[Path]:
+    """A task work root the task user can reach (pytest's tmp_path is 0700 root)."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="hb-tasks-"))
+    d.chmod(0o711)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

@@ -143,6 +143,9 @@ def test_edge_agent_cli_install_status_and_errors(tmp_path: Path, edge_api: Any,
     r = _agent(["install", "--root", str(tmp_path / "root")], tmp_path / "s")
     unit = (tmp_path / "root/etc/systemd/system/hb-edge-agent.service").read_text()
     assert r.returncode == 0 and "Restart=always" in unit and "HB_EDGE_HOME=/var/lib/hb-edge" in unit
+    # tasks get their own directory beside the state directory, never inside it
+    assert (tmp_path / "root/var/lib/hb-edge").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "root/var/lib/hb-edge-tasks").stat().st_mode & 0o777 == 0o711
     r = _agent(["run"], tmp_path / "not-enrolled")
     assert r.returncode == 2 and "edge-agent enroll" in r.stderr and "Traceback" not in r.stderr
     r = _agent(["enroll", "--broker", edge_api.url, "--token", "hbe_wrong-token-123"], tmp_path / "s")

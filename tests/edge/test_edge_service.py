@@ -446,7 +446,8 @@ class Stack:
         token = httpx.post(f"{self.url}/v1/edge/enroll-tokens", json={"namespace": NS}, headers=ADMIN_H).json()
         cfg = enroll(self.url, token["token"], state_dir, device_id=device_id)
         assert (cfg.mqtt_host, cfg.mqtt_port) == ("127.0.0.1", self.mosquitto.port)
-        dataclasses.replace(cfg, heartbeat_seconds=1.0, retransmit_seconds=2.0, reconnect_max_seconds=1).save()
+        dataclasses.replace(cfg, heartbeat_seconds=1.0, retransmit_seconds=2.0, reconnect_max_seconds=1,
+                            task_user="").save()
         agent = AgentProcess(state_dir)
         agent.start()
         self.agents.append(agent)

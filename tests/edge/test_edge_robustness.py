@@ -1,0 +1,318 @@
+"""No device can wedge itself or the fleet (issue #13): sequence windows that survive a re-run, isolated
+bad messages, a device ACL that covers shared subscriptions, bounded result lines, and tasks kept away
+from the device's identity. Gateway logic runs with an injected clock; the rest against a real
+Mosquitto with mutual TLS and agents running as processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+
+from broker import devices
+from broker.clock import ManualClock
+from broker.gateway import Gateway, RecordingSink
+from edge import protocol
+from tests.edge.conftest import MOSQUITTO, make_gateway, wait_until
+from tests.edge.test_edge_gateway import Dev, spec
+from tests.edge.test_edge_refusals import Fleet
+
+
+@pytest.fixture()
+def rig(store: Any, fresh_ca: Any) -> Any:
+    clock = ManualClock()
+    d = fresh_ca.directory
+    gw = Gateway(store, host="127.0.0.1", port=1, ca_file=str(d / "ca.pem"), cert_file=str(d / "gateway.pem"),
+                 key_file=str(d / "gateway.key"), sink=RecordingSink(), clock=clock)
+    sent: list[tuple[str, str, dict[str, Any]]] = []
+    gw.send = lambda device, kind, body, **_kw: sent.append((device, kind, dict(body)))  # type: ignore[method-assign]
+    return gw, clock, store, fresh_ca, sent
+
+
+def _acked(sent: list[tuple[str, str, dict[str, Any]]], device: str) -> list[str]:
+    return [i for d, k, b in sent if d == device and k == "ack" for i in b.get("ids", [])]
+
+
+def test_a_rerun_tasks_results_under_new_seqs_advance_the_window_and_later_messages_go_through(rig: Any) -> None:
+    gw, clock, store, ca, sent = rig
+    dev = Dev(store, ca, clock, "rerun-dev")
+    gw.process([dev.msg("hello", {})])
+    gw.dispatch("rerun-dev", "job-r", spec(), clock.now() + timedelta(hours=1))
+    first = [dev.msg("result", {"task_id": "job-r.1", "n": n, "value": n}, id=f"job-r.1/r{n}") for n in range(3)]
+    assert gw.process(first) == 3
+    # kill -9 mid-task: the re-run re-emits r0..r2 (same ids, new seqs), then the final result
+    again = [dev.msg("result", {"task_id": "job-r.1", "n": n, "value": n}, id=f"job-r.1/r{n}") for n in range(3)]
+    final = dev.msg("result", {"task_id": "job-r.1", "state": "succeeded", "exit_code": 0, "final": True},
+                    id="job-r.1/final")
+    assert gw.process([*again, final]) == 1
+    assert gw.rejections.counts.get(protocol.GAP, 0) == 0 and gw.duplicates == 3
+    assert [c[1] for c in gw.sink.calls] == ["SUCCEEDED"]
+    assert _acked(sent, "rerun-dev")[-4:] == ["job-r.1/r0", "job-r.1/r1", "job-r.1/r2", "job-r.1/final"]
+    with store.read() as s:
+        assert devices.get_device(s, "rerun-dev").last_seq == dev.seq - 1
+        assert [b["value"] for _q, b in devices.uplink_bodies(s, "rerun-dev", "result") if not b.get("final")] == [
+            0, 1, 2]
+
+
+def test_a_duplicate_beyond_a_gap_is_not_acknowledged_so_the_device_can_fill_the_gap(rig: Any) -> None:
+    gw, clock, store, ca, sent = rig
+    dev = Dev(store, ca, clock, "gapdup-dev")
+    stored = dev.msg("telemetry", {"x": 1}, id="t-1")
+    assert gw.process([stored]) == 1
+    lost = dev.msg("telemetry", {"x": 2}, id="t-2")  # lost on the way
+    dup_ahead = dev.msg("telemetry", {"x": 1}, id="t-1")  # a re-emitted id, after the loss
+    gw.process([dup_ahead])
+    assert "t-1" not in _acked(sent, "gapdup-dev")[1:] and sent[-1][2].get("expect") == 1
+    assert gw.process([lost]) == 1
+    gw.process([dup_ahead])
+    assert _acked(sent, "gapdup-dev")[-1] == "t-1"
+    with store.read() as s:
+        assert devices.get_device(s, "gapdup-dev").last_seq == 2
+
+
+def _deep(n: int) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    for _ in range(n):
+        body = {"a": body}
+    return body
+
+
+@pytest.mark.parametrize("bad", [
+    ("capacity", {"vcpus": "lots", "memory_gib": 1}),
+    ("capacity", {"vcpus": 2, "link": "fast"}),
+    ("status", {"task_id": ["x"], "state": "running"}),
+    ("result", {"task_id": "job-m.1", "state": "succeeded", "exit_code": "0", "final": True}),
+    ("telemetry", _deep(200)),
+], ids=["string vcpus", "string link", "list task id", "string exit code", "200-deep nesting"])
+def test_a_malformed_signed_message_is_rejected_alone_and_the_other_devices_batch_goes_through(
+        rig: Any, bad: tuple[str, dict[str, Any]]) -> None:
+    gw, clock, store, ca, sent = rig
+    good, evil = Dev(store, ca, clock, "good-dev"), Dev(store, ca, clock, "evil-dev")
+    gw.process([good.msg("hello", {}), evil.msg("hello", {})])
+    gw.dispatch("good-dev", "job-g", spec(), clock.now() + timedelta(hours=1))
+    gw.dispatch("evil-dev", "job-m", spec(), clock.now() + timedelta(hours=1))
+    batch = [evil.msg(*bad), good.msg("result", {"task_id": "job-g.1", "state": "succeeded", "exit_code": 0,
+                                                 "final": True}), evil.msg("heartbeat", {})]
+    gw.process_isolated(batch)
+    assert [c[:2] for c in gw.sink.calls] == [("job-g", "SUCCEEDED")]
+    assert gw.rejections.counts.get(protocol.MALFORMED) == 1
+    with store.read() as s:
+        evil_row = devices.get_device(s, "evil-dev")
+        assert evil_row.vcpus == 0 and s.get(devices.EdgeTaskRow, "job-m.1").state == "dispatched"
+        if bad[0] != "telemetry":  # in sequence: the window moves past it, the device is not wedged
+            assert evil_row.last_seq == evil.seq - 1
+
+
+def test_a_message_that_breaks_processing_costs_only_its_sender(rig: Any) -> None:
+    gw, clock, store, ca, sent = rig
+    good, evil = Dev(store, ca, clock, "good2-dev"), Dev(store, ca, clock, "evil2-dev")
+    real_apply = gw._apply
+
+    def apply(s: Any, dev: Any, env: Any, *a: Any) -> None:
+        if dev.id == "evil2-dev":
+            raise RuntimeError("a bug this message hits")
+        real_apply(s, dev, env, *a)
+
+    gw._apply = apply  # type: ignore[method-assign]
+    assert gw.process_isolated([evil.msg("hello", {}), good.msg("hello", {}), good.msg("heartbeat", {})]) == 2
+    assert gw.rejections.counts == {protocol.MALFORMED: 1}
+    assert _acked(sent, "good2-dev") and not _acked(sent, "evil2-dev")
+
+
+# ---- the ACL and the gateway's shared subscription (real Mosquitto, mutual TLS) ----------------------------
+@pytest.mark.network
+def test_a_devices_foreign_and_shared_subscriptions_get_nothing_and_take_nothing(tmp_path: Path) -> None:
+    if MOSQUITTO is None:
+        pytest.skip("mosquitto is not installed (apt-get install -y mosquitto)")
+    fleet = Fleet(tmp_path)
+    fleet.mosq.start()
+    gw = make_gateway(fleet.store, fleet.mosq, fleet.ca)
+    victim = fleet.device("victim-dev")
+    cert, key = fleet.enroll("nosy-dev")
+    got: list[str] = []
+    nosy = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="nosy-dev", protocol=MQTTProtocolVersion.MQTTv5)
+    nosy.tls_set(ca_certs=str(fleet.ca.directory / "ca.pem"), certfile=str(cert), keyfile=str(key),
+                 tls_version=ssl.PROTOCOL_TLS_CLIENT)
+    nosy.on_message = lambda _c, _u, m: got.append(m.topic)
+    subscribed = threading.Event()
+    nosy.on_subscribe = lambda *_a: subscribed.set()
+    try:
+        assert victim.connect()
+        nosy.connect("127.0.0.1", fleet.mosq.port)
+        nosy.loop_start()
+        filters = ["$share/hb-gateway/hb/v1/dev/+/up/#", "$share/hb-gw/hb/v1/dev/+/up/#", "hb/v1/dev/+/up/#", "#",
+                   "$share/x/hb/v1/dev/victim-dev/down/#"]
+        nosy.subscribe([(f, 1) for f in filters])
+        assert subscribed.wait(5)
+        assert gw.group.startswith("hb-gw-") and len(gw.group) > 30  # derived from the gateway key: unguessable
+        for i in range(20):
+            assert not victim.publish(victim.seal({"i": i})).is_failure
+        wait_until(lambda: fleet.stored("victim-dev") == 20, 15, "every victim message to reach the gateway")
+        assert gw.rejections.counts.get(protocol.GAP, 0) == 0  # nothing was taken out of the gateway's group
+        gw.send("victim-dev", "ack", {"ids": []})
+        time.sleep(0.5)
+        assert got == []  # read access outside its own subtree is denied, shared or not
+    finally:
+        nosy.disconnect()
+        nosy.loop_stop()
+        victim.close()
+        gw.stop()
+        fleet.mosq.stop()
+        fleet.store.dispose()
+
+
+# ---- the executor: bounded result lines, the whole process tree, the task user -----------------------------
+def _run_task(root: Path, command: list[str], **extra: Any) -> tuple[str, list[tuple[str, Any, str, bool]]]:
+    from edge.agent.executor import TaskHandle, run_task
+
+    emitted: list[tuple[str, Any, str, bool]] = []
+    user = extra.pop("user", None)
+    body = {"task_id": "t13", "job_id": "j13", "command": command, **extra}
+    state, _rc = run_task(body, workdir_root=root, attempt=1, emit=emitted.extend, handle=TaskHandle(), user=user)
+    return state, emitted
+
+
+def test_a_1mib_result_line_fails_the_task_with_a_clear_error_and_every_uplink_fits(tmp_path: Path) -> None:
+    from edge.agent.executor import MAX_RESULT_BYTES
+
+    code = ("import sys, time\nprint('@hb-result 1', flush=True)\nsys.stdout.write('@hb-result \"' + 'x' * (1 << 20)"
+            " + '\"\\n'); sys.stdout.flush()\nprint('@hb-result 3', flush=True)\ntime.sleep(30)\n")
+    state, out = _run_task(tmp_path, [sys.executable, "-c", code], timeout_seconds=60)
+    final = out[-1][1]
+    assert state == "failed" and final["final"] and "longer than the" in final["error"] and "To fix" in final["error"]
+    assert [b["value"] for k, b, i, _d in out if k == "result" and not b.get("final")] == [1]
+    assert all(len(protocol.canonical(b)) <= MAX_RESULT_BYTES for _k, b, _i, _d in out)
+
+
+def test_a_timeout_kills_the_whole_tree_including_a_setsid_child(tmp_path: Path) -> None:
+    import psutil
+
+    code = ("import subprocess, sys, time\n"
+            "p = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+            "print('@hb-result %d' % p.pid, flush=True)\ntime.sleep(300)\n")
+    state, out = _run_task(tmp_path, [sys.executable, "-c", code], timeout_seconds=1)
+    (child,) = [b["value"] for k, b, _i, _d in out if k == "result" and not b.get("final")]
+    assert state == "failed" and "time limit" in out[-1][1]["error"]
+    wait_until(lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE, 5,
+               "the setsid child to be killed")
+
+
+def test_a_stale_saved_pid_is_not_killed_but_the_tasks_own_processes_are() -> None:
+    from edge.agent.executor import kill_task, process_tag
+
+    bystander = subprocess.Popen(["sleep", "300"])
+    orphan = subprocess.Popen(["sleep", "300"], env={"HB_TASK_RUN": "run-13", "PATH": "/usr/bin:/bin"},
+                              start_new_session=True)
+    try:
+        pid, started, _run = process_tag(bystander.pid, "other-run").split(":")
+        stale = f"{pid}:{float(started) - 3600:.3f}:run-13"  # the saved pid, since reused by another program
+        assert kill_task(stale) == 1
+        assert bystander.poll() is None and orphan.wait(5) == -9
+    finally:
+        bystander.kill()
+        orphan.kill()
+
+
+def test_a_task_runs_as_the_task_user_with_a_clean_env_and_cannot_read_device_key(
+        tmp_path: Path, task_user: str, task_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o700)
+    key = state_dir / "device.key"
+    key.write_text("-----BEGIN PRIVATE KEY-----secret")
+    key.chmod(0o600)
+    monkeypatch.setenv("HB_AGENT_SECRET", "do-not-leak")
+    script = (f"echo \"@hb-result \\\"$(id -un)\\\"\"; echo \"@hb-result \\\"$HB_AGENT_SECRET|$HOME\\\"\"; "
+              f"cat {key} && echo '@hb-result \"read\"'; true")
+    state, out = _run_task(task_root, ["/bin/sh", "-c", script], user=task_user)
+    values = [b["value"] for k, b, _i, _d in out if k == "result" and not b.get("final")]
+    assert state == "succeeded", out[-1]
+    assert values == [task_user, f"|{task_root / 't13'}"]
+    assert "secret" not in json.dumps(out) and "Permission denied" in out[-1][1]["stderr_tail"]
+    assert (task_root / "t13").stat().st_uid != 0
+
+
+def test_a_missing_task_user_fails_the_task_with_what_to_do(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the task user is only switched to by a root agent")
+    state, out = _run_task(tmp_path, ["true"], user="no-such-user-13")
+    assert state == "failed" and "edge-agent install" in out[-1][1]["error"]
+
+
+# ---- through real parts: Mosquitto with mTLS, the agent as a process --------------------------------------
+RERUN = (
+    "import os, sys, time\n"
+    "for i in range(3): print('@hb-result %d' % i, flush=True)\n"
+    "while not os.path.exists(sys.argv[1]): time.sleep(0.05)\n"
+    "for i in range(3, 6): print('@hb-result %d' % i, flush=True)\n"
+)
+
+
+@pytest.mark.network
+def test_kill_9_mid_task_then_restart_finishes_the_job_with_every_result_once(
+        tmp_path: Path, store: Any, mosquitto: Any, edge_api: Any, fresh_ca: Any) -> None:
+    from broker.clock import utcnow
+    from tests.edge.conftest import AgentProcess, enroll_agent
+    from tests.edge.test_edge_e2e import _outbox_results, final_of, make_spec, results
+
+    gw = make_gateway(store, mosquitto, fresh_ca)
+    state = tmp_path / "dev"
+    agent = AgentProcess(state)
+    go = tmp_path / "go"
+    try:
+        enroll_agent(state, edge_api, store, mosquitto, "rerun-e2e")
+        agent.start()
+        gw.dispatch("rerun-e2e", "job-k9", make_spec([sys.executable, "-c", RERUN, str(go)]),
+                    utcnow() + timedelta(minutes=5))
+        wait_until(lambda: len(results(store, "rerun-e2e", "job-k9.1")) == 3, 30, "the first three results")
+        wait_until(lambda: _outbox_results(state) == 0, 30, "the agent to get their acknowledgements")
+        agent.kill9()  # mid-task: the task's process is orphaned, its results so far are acknowledged
+        go.touch()
+        agent.start()  # recover: the orphan is killed, the task re-runs and re-emits r0..r2 under new seqs
+        assert gw.sink.wait_for("job-k9", "SUCCEEDED", 30), (gw.sink.calls, gw.rejections.counts)
+        assert [r["value"] for r in results(store, "rerun-e2e", "job-k9.1")] == [0, 1, 2, 3, 4, 5]
+        assert final_of(store, "rerun-e2e", "job-k9.1") is not None
+        assert [c[1] for c in gw.sink.calls if c[0] == "job-k9"] == ["RUNNING", "SUCCEEDED"]
+        # later messages still go through: the device is not wedged
+        gw.dispatch("rerun-e2e", "job-k9b", make_spec(["true"]), utcnow() + timedelta(minutes=5))
+        assert gw.sink.wait_for("job-k9b", "SUCCEEDED", 30), gw.rejections.counts
+        assert gw.rejections.counts.get(protocol.GAP, 0) < 20  # no re-send storm
+    finally:
+        agent.stop()
+        gw.stop()
+
+
+@pytest.mark.network
+def test_a_task_on_a_real_agent_cannot_read_device_key(tmp_path: Path, store: Any, mosquitto: Any, edge_api: Any,
+                                                       fresh_ca: Any, task_user: str, task_root: Path) -> None:
+    from broker.clock import utcnow
+    from tests.edge.conftest import AgentProcess, enroll_agent
+    from tests.edge.test_edge_e2e import final_of, make_spec
+
+    gw = make_gateway(store, mosquitto, fresh_ca)
+    state = tmp_path / "dev"
+    agent = AgentProcess(state)
+    try:
+        enroll_agent(state, edge_api, store, mosquitto, "keyed-e2e", task_user=task_user, work_dir=str(task_root))
+        agent.start()
+        key_text = (state / "device.key").read_text()
+        gw.dispatch("keyed-e2e", "job-key", make_spec(["/bin/sh", "-c", f"id -un; cat {state / 'device.key'}"]),
+                    utcnow() + timedelta(minutes=5))
+        assert gw.sink.wait_for("job-key", "FAILED", 30), gw.sink.calls
+        final = final_of(store, "keyed-e2e", "job-key.1")
+        assert final is not None and final["stdout_tail"].strip() == task_user
+        assert "PRIVATE KEY" not in json.dumps(final) and key_text not in json.dumps(final)
+        assert "Permission denied" in final["stderr_tail"]
+    finally:
+        agent.stop()
+        gw.stop()
