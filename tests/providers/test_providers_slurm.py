@@ -128,7 +128,7 @@ def slurm() -> Iterator[Cluster]:
                 munged = int(pid_file.read_text().strip())
                 os.kill(munged, signal.SIGTERM)
                 deadline = time.monotonic() + 5  # it writes its seed file on the way out
-                while time.monotonic() < deadline and Path(f"/proc/{munged}").exists():
+                while time.monotonic() < deadline and pid_file.exists():
                     time.sleep(0.05)
             except (ProcessLookupError, ValueError):
                 pass
