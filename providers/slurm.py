@@ -368,8 +368,9 @@ class SlurmPool:
                 # A broker that died between sbatch and its record: the jobs are in squeue by name + comment.
                 for row in self._squeue(name=_job_name(all_tags[TAG_JOB])):
                     if row["tags"].get(TAG_REQUEST) == request_id:
-                        rec["runs"].append({"node": int(row["tags"].get(TAG_NODE, 0)), "slurm_id": row["id"],
-                                            "run_dir": str(self._run_dir(request_id, int(row["tags"].get(TAG_NODE, 0))))})
+                        node = int(row["tags"].get(TAG_NODE, 0))
+                        rec["runs"].append({"node": node, "slurm_id": row["id"],
+                                            "run_dir": str(self._run_dir(request_id, node))})
                 if rec["runs"]:
                     self._save(rec)
             have = {r["node"] for r in rec["runs"]}
@@ -380,8 +381,9 @@ class SlurmPool:
                                     "run_dir": str(self._run_dir(request_id, n))})
                 self._save(rec)
             rec["runs"].sort(key=lambda r: r["node"])
-            rows = {r["id"]: r for r in self._squeue()}
-            return [self._to_instance(rec, run, rows.get(run["slurm_id"])) for run in rec["runs"][:max(count, 1)]]
+            # Just submitted (or found): reported pending; instances() reads the live state.
+            pending = {"state": "PENDING", "nodes": ""}
+            return [self._to_instance(rec, run, pending) for run in rec["runs"][:max(count, 1)]]
 
     def _run_dir(self, request_id: str, node: int) -> Path:
         return self.runs_dir / f"{self._digest(request_id)}-{node}"

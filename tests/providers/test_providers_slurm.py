@@ -1,4 +1,5 @@
-"""The Slurm pool against a real Slurm cluster (Debian ``slurm-wlm``) started by this module.
+"""The Slurm pool against a real Slurm cluster (Debian ``slurm-wlm``) started by this module
+(:func:`tests.providers.slurm_support.slurm_cluster`).
 
 The cluster is one slurmctld and three slurmd on this host (``slurmd -N``, each on its own port, all on
 127.0.0.1): partition ``main`` = nodes n1, n2 (4 CPUs, 4000 MB each), partition ``big`` = node g1 (8 CPUs).
@@ -9,14 +10,8 @@ reason, only when the Slurm daemons are not installed (``.ci/run`` installs ``sl
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,112 +22,20 @@ from broker.model import Capacity, InstanceState, JobSpec, Offer, Request, SiteK
 from providers import registry
 from providers.base import Provider
 from providers.slurm import SlurmPool, decode_comment, encode_comment, parse_gres_gpus, slurm_state
-from tests.broker.service_support import free_port
+from tests.providers.slurm_support import Cluster, missing_tools, slurm_cluster
 
 NODES = (("n1", 4, 4000, "main"), ("n2", 4, 4000, "main"), ("g1", 8, 8000, "big"))
 ENDED = {InstanceState.SUCCEEDED, InstanceState.FAILED, InstanceState.TERMINATED}
 
 
-@dataclass
-class Cluster:
-    dir: Path
-    conf: Path
-    procs: list[subprocess.Popen[bytes]]
-
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "SLURM_CONF": str(self.conf)}
-
-    def cli(self, *args: str) -> str:
-        return subprocess.run(args, env=self.env(), capture_output=True, text=True, check=True, timeout=30).stdout
-
-
-def _slurm_conf(d: Path, ctld_port: int, node_ports: list[int]) -> str:
-    user = "root" if os.geteuid() == 0 else os.environ.get("USER", "nobody")
-    lines = [
-        "ClusterName=hbtest", "SlurmctldHost=localhost", f"SlurmctldPort={ctld_port}", f"SlurmUser={user}",
-        "AuthType=auth/munge", f"AuthInfo=socket={d}/munge/munge.sock",
-        "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny",
-        f"StateSaveLocation={d}/state", f"SlurmdSpoolDir={d}/spool/%n", f"SlurmctldPidFile={d}/slurmctld.pid",
-        f"SlurmdPidFile={d}/slurmd-%n.pid", f"SlurmctldLogFile={d}/log/slurmctld.log",
-        f"SlurmdLogFile={d}/log/slurmd-%n.log", "SlurmdParameters=config_overrides", "SlurmdTimeout=10",
-        "ReturnToService=2", "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
-        "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core_Memory", "DefMemPerCPU=256",
-        "SchedulerType=sched/backfill", "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0",
-        "MinJobAge=300", "MpiDefault=none", "MailProg=/bin/true", "AccountingStorageType=accounting_storage/none",
-        "JobAcctGatherType=jobacct_gather/none",
-    ]
-    for (name, cpus, mem, _), port in zip(NODES, node_ports, strict=True):
-        lines.append(f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs={cpus} "
-                     f"RealMemory={mem} State=UNKNOWN")
-    for part in dict.fromkeys(p for *_, p in NODES):
-        nodes = ",".join(n for n, *_, p in NODES if p == part)
-        lines.append(f"PartitionName={part} Nodes={nodes} Default={'YES' if part == 'main' else 'NO'} "
-                     "MaxTime=INFINITE State=UP")
-    return "\n".join(lines) + "\n"
-
-
 @pytest.fixture(scope="session")
 def slurm() -> Iterator[Cluster]:
-    missing = [t for t in ("slurmctld", "slurmd", "sbatch", "munged", "mungekey") if shutil.which(t) is None]
+    missing = missing_tools()
     if missing:
         pytest.skip(f"Slurm is not installed here ({', '.join(missing)} missing). To fix: apt-get install "
                     "slurm-wlm munge (.ci/run does)")
-    # Not a pytest temp dir: those are 0700, and munged wants its socket's every parent dir o+x.
-    d = Path(tempfile.mkdtemp(prefix="hb-slurm-"))
-    os.chmod(d, 0o755)
-    for sub in ("state", "log", "munge", *(f"spool/{n}" for n, *_ in NODES)):
-        (d / sub).mkdir(parents=True, exist_ok=True)
-    os.chmod(d / "munge", 0o711)  # munged: the socket dir must be o+x and not group/other writable
-    subprocess.run(["mungekey", "--create", f"--keyfile={d}/munge/munge.key"], check=True, capture_output=True)
-    subprocess.run(["munged", f"--key-file={d}/munge/munge.key", f"--socket={d}/munge/munge.sock",
-                    f"--pid-file={d}/munge/munged.pid", f"--log-file={d}/munge/munged.log",
-                    f"--seed-file={d}/munge/munged.seed"], check=True, capture_output=True)
-    conf = d / "slurm.conf"
-    conf.write_text(_slurm_conf(d, free_port(), [free_port() for _ in NODES]))
-    cluster = Cluster(d, conf, [])
-    logs = []
-    try:
-        out = open(d / "log" / "slurmctld.out", "wb")  # noqa: SIM115 - closed in the finalizer
-        logs.append(out)
-        cluster.procs.append(subprocess.Popen(["slurmctld", "-D", "-f", str(conf)], env=cluster.env(),
-                                              stdout=out, stderr=subprocess.STDOUT))
-        for name, *_ in NODES:
-            out = open(d / "log" / f"slurmd-{name}.out", "wb")  # noqa: SIM115
-            logs.append(out)
-            cluster.procs.append(subprocess.Popen(["slurmd", "-D", "-N", name, "-f", str(conf)], env=cluster.env(),
-                                                  stdout=out, stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            got = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env=cluster.env(), capture_output=True,
-                                 text=True)
-            if sorted(got.stdout.split()[1::2]).count("idle") == len(NODES):
-                break
-            time.sleep(0.1)
-        else:
-            raise RuntimeError(f"Slurm nodes not idle after 30 s: {got.stdout} {got.stderr}")
+    with slurm_cluster(NODES) as cluster:
         yield cluster
-    finally:
-        for p in cluster.procs:
-            p.send_signal(signal.SIGTERM)
-        for p in cluster.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
-        for f in logs:
-            f.close()
-        pid_file = d / "munge" / "munged.pid"
-        if pid_file.exists():
-            try:
-                munged = int(pid_file.read_text().strip())
-                os.kill(munged, signal.SIGTERM)
-                deadline = time.monotonic() + 5  # it writes its seed file on the way out
-                while time.monotonic() < deadline and pid_file.exists():
-                    time.sleep(0.05)
-            except (ProcessLookupError, ValueError):
-                pass
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
