@@ -95,6 +95,11 @@ def build_providers(settings: Settings, clock: Clock, inventory: Any = None) -> 
                 out[name] = DryRunProvider(name, clock=sim_clock)
         elif name in registry.CLOUDS:
             out[name] = DryRunProvider(name, clock=sim_clock)
+        elif name in registry.POOLS:  # Slurm / Ray: options from BROKER_SLURM_* / BROKER_RAY_*
+            try:
+                out[name] = registry.create(name, data_dir=settings.data_dir)
+            except BrokerError as exc:
+                log.warning("provider %s skipped: %s", name, exc)
         else:
             try:
                 out[name] = registry.create(name)
@@ -152,11 +157,21 @@ class AppState:
             return [(r[0], r[1], int(r[2])) for r in rows]
 
     def extra_offers(self) -> list[Offer]:
-        """Offers beyond the catalog: the on-prem pool's hosts and every extra source (edge devices)."""
+        """Offers beyond the catalog: the on-prem pool's hosts, the Slurm/Ray pools (skipped with a warning
+        while their engine does not answer) and every extra source (edge devices)."""
+        from providers.registry import POOLS
+
         out: list[Offer] = []
         pool = self.providers.get("onprem")
         if pool is not None:
             out.extend(pool.offers())
+        for name in POOLS:
+            engine = self.providers.get(name)
+            if engine is not None:
+                try:
+                    out.extend(engine.offers())
+                except BrokerError as exc:
+                    log.warning("offers of %s unavailable: %s", name, exc)
         for source in self.extra_offer_sources:
             out.extend(source())
         return out

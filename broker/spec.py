@@ -58,7 +58,7 @@ MAX_DOCUMENT_BYTES = 1 << 20
 MAX_ALIASES = 100
 MAX_NODES = 20_000
 
-KNOWN_PROVIDERS = ("aws", "azure", "gcp", "onprem", "edge")
+KNOWN_PROVIDERS = ("aws", "azure", "gcp", "onprem", "edge", "slurm", "ray")
 
 # Accelerator models a job may name (case-insensitive). The catalog decides where each is offered; this list
 # only catches typos early. Aliases map to the canonical name used by the catalogs.

@@ -20,9 +20,11 @@ from broker.errors import AuthError, InvalidRequestError
 
 from .base import Provider, ProviderCheck
 
-__all__ = ["names", "create", "check", "register", "CLOUDS"]
+__all__ = ["names", "create", "check", "register", "CLOUDS", "POOLS"]
 
 CLOUDS = ("aws", "azure", "gcp")
+# On-prem pools on an existing engine (built with the broker's data_dir; their offers join every placement).
+POOLS = ("slurm", "ray")
 
 # name -> "module:attribute" (imported lazily) or a factory.
 _FACTORIES: dict[str, str | Callable[..., Provider]] = {
@@ -30,6 +32,8 @@ _FACTORIES: dict[str, str | Callable[..., Provider]] = {
     "azure": "providers.azure:AzureProvider",
     "gcp": "providers.gcp:GcpProvider",
     "onprem": "providers.onprem:OnPremPool",
+    "slurm": "providers.slurm:SlurmPool",
+    "ray": "providers.ray_engine:RayPool",
     "fake": "providers.fake:FakeProvider",
     "dryrun": "providers.dryrun:DryRunProvider",
 }
@@ -67,7 +71,7 @@ def create(name: str, **options: Any) -> Provider:
                 "`dryrun` for it, or one of aws, azure, gcp, onprem.",
                 provider=name,
             ) from exc
-        extra = {"aws": "aws", "azure": "azure"}.get(name, "server")
+        extra = {"aws": "aws", "azure": "azure", "ray": "ray"}.get(name, "server")
         raise AuthError(
             f"provider {name!r} needs a package that is not installed ({exc.name}). "
             f"To fix: pip install 'hybrid-broker[{extra}]'.",

@@ -46,7 +46,7 @@ def test_import_providers_works_without_boto3_azure_or_libcloud() -> None:
 
 
 def test_names_lists_every_provider() -> None:
-    assert registry.names() == ["aws", "azure", "dryrun", "fake", "gcp", "onprem"]
+    assert registry.names() == ["aws", "azure", "dryrun", "fake", "gcp", "onprem", "ray", "slurm"]
 
 
 def test_create_rejects_an_unknown_name_with_the_known_ones() -> None:
