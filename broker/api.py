@@ -36,6 +36,24 @@ from broker.api_deps import (
     require_namespace,
     token_cache,
 )
+from broker.api_models import (
+    ERROR,
+    ERRORS,
+    JOB_BODY,
+    JobDetailOut,
+    JobListOut,
+    JobOut,
+    JobsOut,
+    NamespaceOut,
+    NamespacesOut,
+    OffersOut,
+    PreviewOut,
+    TokenCreatedOut,
+    TokenRevokedOut,
+    TokensOut,
+    WhoAmIOut,
+    documented,
+)
 from broker.errors import ConflictError, NotFoundError, SpecError
 from broker.lifecycle import submit_jobs, transition
 from broker.model import TERMINAL_STATES, JobState
@@ -61,25 +79,7 @@ _events = JobEventRow.__table__  # type: ignore[attr-defined]
 _attempts = AttemptRow.__table__  # type: ignore[attr-defined]
 _idem = IdempotencyRow.__table__  # type: ignore[attr-defined]
 
-_JOB_BODY_SCHEMA: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "description": "One job spec, a list of job specs (a burst), or {\"jobs\": [...]}; JSON or YAML.",
-        "content": {
-            "application/json": {
-                "schema": {
-                    "oneOf": [
-                        {"type": "object", "additionalProperties": True},
-                        {"type": "array", "items": {"type": "object", "additionalProperties": True}},
-                    ]
-                }
-            },
-            "application/yaml": {"schema": {"type": "string"}},
-        },
-    }
-}
-_ERR = {"description": "error", "content": {"application/json": {"schema": {"type": "object"}}}}
-_ERRORS: dict[int | str, dict[str, Any]] = {401: _ERR, 404: _ERR, 413: _ERR, 422: _ERR}
+_ERR, _ERRORS = ERROR, ERRORS  # typed error answers (broker.api_models)
 
 
 class NamespaceIn(BaseModel):
@@ -259,13 +259,14 @@ def metrics(request: Request) -> Response:
 # ------------------------------------------------------------------------------------------ tenants
 
 
-@router.get("/v1/whoami", tags=["tenants"], responses=_ERRORS)
+@router.get("/v1/whoami", tags=["tenants"], response_model=None, responses=documented(WhoAmIOut))
 def whoami(principal: Annotated[Principal, Depends(current_principal)]) -> dict[str, Any]:
     """Who the token belongs to: ``{"admin": bool, "namespace": str | null, "token_id": str}``."""
     return {"admin": principal.is_admin, "namespace": principal.namespace, "token_id": principal.token_id}
 
 
-@router.post("/v1/namespaces", status_code=201, tags=["tenants"], responses=_ERRORS | {409: _ERR})
+@router.post("/v1/namespaces", status_code=201, tags=["tenants"], response_model=None,
+              responses=documented(NamespaceOut, 201, 403, 409))
 def post_namespace(
     body: NamespaceIn,
     _admin: Annotated[Principal, Depends(require_admin)],
@@ -278,7 +279,7 @@ def post_namespace(
     return {"name": row.name, "created_at": _iso(row.created_at)}
 
 
-@router.get("/v1/namespaces", tags=["tenants"], responses=_ERRORS)
+@router.get("/v1/namespaces", tags=["tenants"], response_model=None, responses=documented(NamespacesOut))
 def get_namespaces(
     principal: Annotated[Principal, Depends(current_principal)],
     session: Annotated[Session, Depends(get_session)],
@@ -288,7 +289,8 @@ def get_namespaces(
     return {"namespaces": [{"name": r.name, "created_at": _iso(r.created_at)} for r in rows]}
 
 
-@router.post("/v1/namespaces/{ns}/tokens", status_code=201, tags=["tenants"], responses=_ERRORS)
+@router.post("/v1/namespaces/{ns}/tokens", status_code=201, tags=["tenants"], response_model=None,
+             responses=documented(TokenCreatedOut, 201, 403))
 def post_token(
     ns: str,
     _admin: Annotated[Principal, Depends(require_admin)],
@@ -302,7 +304,8 @@ def post_token(
     return {"id": row.id, "namespace": ns, "token": secret, "created_at": _iso(row.created_at)}
 
 
-@router.get("/v1/namespaces/{ns}/tokens", tags=["tenants"], responses=_ERRORS)
+@router.get("/v1/namespaces/{ns}/tokens", tags=["tenants"], response_model=None,
+            responses=documented(TokensOut, 200, 403))
 def get_tokens(
     ns: str,
     _admin: Annotated[Principal, Depends(require_admin)],
@@ -322,7 +325,8 @@ def get_tokens(
     }
 
 
-@router.delete("/v1/tokens/{token_id}", tags=["tenants"], responses=_ERRORS)
+@router.delete("/v1/tokens/{token_id}", tags=["tenants"], response_model=None,
+               responses=documented(TokenRevokedOut, 200, 403))
 def delete_token(
     token_id: str,
     _admin: Annotated[Principal, Depends(require_admin)],
@@ -516,8 +520,9 @@ def _json_response(content: Any, status_code: int = 200, headers: dict[str, str]
 
 
 @router.post(
-    "/v1/namespaces/{ns}/jobs", status_code=201, tags=["jobs"], openapi_extra=_JOB_BODY_SCHEMA,
-    responses=_ERRORS,
+    "/v1/namespaces/{ns}/jobs", status_code=201, tags=["jobs"], openapi_extra=JOB_BODY,
+    responses={201: {"model": JobOut | JobsOut, "description": 'the job (one spec), or `{"jobs": [...]}` (a burst)'},
+               **ERRORS},
 )
 async def post_jobs(
     request: Request,
@@ -525,8 +530,10 @@ async def post_jobs(
     hb: Annotated[Any, Depends(get_state)],
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> Response:
-    """Submit one job spec (-> the job) or a burst (-> ``{"jobs": [...]}``, all or nothing).
+    """Submit one job spec (answer: the job) or a burst (answer: ``{"jobs": [...]}``, all or nothing).
 
+    With ``Idempotency-Key`` a retry replays the first answer of that key.
+    \f
     The body is parsed here (small JSON bodies on the event loop, others in the threadpool) and stored
     by the app's single writer (:class:`broker.store.GroupCommitter`), which commits the submissions
     that arrive together in one transaction; the answer is sent only after that commit.
@@ -563,7 +570,7 @@ async def post_jobs(
     return _json_response(response, status, {"Idempotent-Replayed": "true"} if replayed else None)
 
 
-@router.get("/v1/namespaces/{ns}/jobs", tags=["jobs"], responses=_ERRORS)
+@router.get("/v1/namespaces/{ns}/jobs", tags=["jobs"], response_model=None, responses=documented(JobListOut))
 def list_jobs(
     ns: Annotated[str, Depends(require_namespace)],
     session: Annotated[Session, Depends(get_session)],
@@ -611,7 +618,8 @@ def _get_row(session: Session, ns: str, job_id: str) -> Any:
     return row
 
 
-@router.get("/v1/namespaces/{ns}/jobs/{job_id}", tags=["jobs"], responses=_ERRORS)
+@router.get("/v1/namespaces/{ns}/jobs/{job_id}", tags=["jobs"], response_model=None,
+            responses=documented(JobDetailOut))
 def get_job(
     job_id: str,
     ns: Annotated[str, Depends(require_namespace)],
@@ -621,7 +629,8 @@ def get_job(
     return job_detail(session, _get_row(session, ns, job_id))
 
 
-@router.delete("/v1/namespaces/{ns}/jobs/{job_id}", tags=["jobs"], responses=_ERRORS | {409: _ERR})
+@router.delete("/v1/namespaces/{ns}/jobs/{job_id}", tags=["jobs"], response_model=None,
+               responses=documented(JobDetailOut, 200, 409))
 def cancel_job(
     job_id: str,
     ns: Annotated[str, Depends(require_namespace)],
@@ -774,13 +783,15 @@ def put_cluster_queue(
 # ------------------------------------------------------------------------------------------ placement
 
 
-@router.post("/v1/placements:preview", tags=["placement"], openapi_extra=_JOB_BODY_SCHEMA, responses=_ERRORS)
+@router.post("/v1/placements:preview", tags=["placement"], openapi_extra=JOB_BODY,
+             responses=documented(PreviewOut))
 async def preview(
     request: Request,
     principal: Annotated[Principal, Depends(current_principal)],
     hb: Annotated[Any, Depends(get_state)],
 ) -> JSONResponse:
-    """Dry-run placement of one job spec: the same JSON as ``broker place --json``. Nothing is submitted."""
+    """Where one job spec would run and what it would cost, with the explanation (the JSON of
+    ``broker place --json``). Nothing is submitted."""
     body = await read_body(request)
     content_type = request.headers.get("content-type", "").lower()
     result = await run_in_threadpool(_preview_sync, hb, principal, body, content_type)
@@ -806,10 +817,10 @@ def _preview_sync(hb: Any, principal: Principal, body: bytes, content_type: str)
             )
     except ImportError:
         pass
-    return result.to_dict()  # type: ignore[no-any-return]
+    return {**result.to_dict(), "explanation": result.explanation}
 
 
-@router.get("/v1/catalog/offers", tags=["placement"], responses=_ERRORS)
+@router.get("/v1/catalog/offers", tags=["placement"], response_model=None, responses=documented(OffersOut))
 def catalog_offers(
     _principal: Annotated[Principal, Depends(current_principal)],
     hb: Annotated[Any, Depends(get_state)],

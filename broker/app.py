@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import re
 import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -283,6 +284,82 @@ class _RefuseNulMiddleware:
         await self.app(scope, receive, send)
 
 
+API_DESCRIPTION = (
+    "Cost-aware placement and execution of jobs across clouds, on-prem and edge.\n\n"
+    "Every `/v1` call takes `Authorization: Bearer <token>`: the admin token (printed once at first start, or "
+    "`BROKER_ADMIN_TOKEN`) or a namespace token (`broker tokens create -n NS`). Press **Authorize** and paste "
+    "the token. Errors are JSON `{\"detail\": \"...\", \"field\": \"...\"}`."
+)
+
+_RST_ROLE = re.compile(r":(?:class|func|meth|attr|data|mod|exc|obj):`~?([^`]+)`")
+
+
+def _plain(text: str) -> str:
+    """An API description without reStructuredText markup: ``x`` and :class:`x` become Markdown `x`."""
+    text = _RST_ROLE.sub(lambda m: f"`{m.group(1).rsplit('.', 1)[-1]}`", text)
+    return text.replace("``", "`")
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema with descriptions in plain Markdown (built once, then cached like FastAPI's)."""
+    if app.openapi_schema is None:
+        schema = FastAPI.openapi(app)
+        for item in schema.get("paths", {}).values():
+            for operation in item.values():
+                if isinstance(operation, dict) and isinstance(operation.get("description"), str):
+                    operation["description"] = _plain(operation["description"])
+    return app.openapi_schema
+
+
+DOCS_ASSETS = "/docs-assets"
+
+
+def _install_docs(app: FastAPI) -> None:
+    """``/docs`` (Swagger UI) and ``/redoc`` with their scripts and styles served from the fastapi-offline
+    package: the pages work without internet."""
+    from pathlib import Path
+
+    import fastapi_offline
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+    from fastapi.responses import HTMLResponse
+    from fastapi.staticfiles import StaticFiles
+
+    static = Path(fastapi_offline.__file__).parent / "static"
+    app.mount(DOCS_ASSETS, StaticFiles(directory=static), name="docs-assets")
+
+    def _root(request: Request) -> str:
+        return str(request.scope.get("root_path", ""))
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        """Swagger UI of the schema (served offline)."""
+        root = _root(request)
+        return get_swagger_ui_html(
+            openapi_url=f"{root}/openapi.json", title="hybrid-broker API",
+            oauth2_redirect_url=f"{root}/docs/oauth2-redirect",
+            swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
+            swagger_ui_parameters={"persistAuthorization": True, "validatorUrl": None},
+        )
+
+    @app.get("/docs/oauth2-redirect", include_in_schema=False)
+    async def swagger_ui_redirect() -> HTMLResponse:
+        """OAuth2 redirect page of the Swagger UI."""
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request) -> HTMLResponse:
+        """ReDoc view of the schema (served offline)."""
+        root = _root(request)
+        return get_redoc_html(
+            openapi_url=f"{root}/openapi.json", title="hybrid-broker API",
+            redoc_js_url=f"{root}{DOCS_ASSETS}/redoc.standalone.js",
+            redoc_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
+            with_google_fonts=False,
+        )
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(SpecError)
     async def _spec(_: Request, exc: SpecError) -> JSONResponse:
@@ -403,9 +480,13 @@ def create_app(
     app = FastAPI(
         title="hybrid-broker",
         version="0.1.0",
-        description="Cost-aware placement and execution of jobs across clouds, on-prem and edge.",
+        description=API_DESCRIPTION,
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
     )
+    app.openapi = functools.partial(_openapi, app)  # type: ignore[method-assign]
+    _install_docs(app)
     app.state.hb = state
     _install_error_handlers(app)
     app.add_middleware(_RefuseNulMiddleware)

@@ -188,6 +188,9 @@ def normalize_accelerator(name: str, field: str = "spec.resources.accelerator") 
 # ---------------------------------------------------------------------------------------------- YAML input
 
 
+SPEC_TOP_KEYS = frozenset({"apiVersion", "kind", "metadata", "spec"})
+
+
 class _BoundedLoader(yaml.SafeLoader):
     """A SafeLoader that refuses YAML bombs: few aliases, and a bound on the node count *as expanded*
     (an alias counts as every node of what it refers to), so no later walk over the result can blow up."""
@@ -197,6 +200,7 @@ class _BoundedLoader(yaml.SafeLoader):
         self._aliases = 0
         self._expanded = 0
         self._sizes: dict[int, int] = {}
+        self._document_root: Any = None
 
     def _size(self, node: yaml.Node) -> int:
         key = id(node)
@@ -224,6 +228,34 @@ class _BoundedLoader(yaml.SafeLoader):
         if self._expanded > MAX_NODES:
             raise SpecError("", f"the document expands to more than {MAX_NODES} YAML nodes; refused (YAML bomb?)")
         return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:  # PyYAML hook
+        """Refuse a key given twice in one mapping (YAML would keep the last silently); merge keys (``<<``)
+        may still be overridden, as YAML says."""
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: the constructor reports it
+                    continue
+                if first is None:
+                    seen[key] = key_node.start_mark.line
+                else:
+                    hint = (" (two job specs in one file? To fix: put a line '---' between them)"
+                            if key in SPEC_TOP_KEYS and node is self._document_root else
+                            ". To fix: keep one of them")
+                    mark = key_node.start_mark
+                    raise SpecError("", f"duplicate key {key!r} at line {mark.line + 1}, column {mark.column + 1} "
+                                        f"(first at line {first + 1}){hint}")
+        return super().construct_mapping(node, deep)
+
+    def construct_document(self, node: Any) -> Any:  # PyYAML hook
+        self._document_root = node
+        return super().construct_document(node)
 
 
 def load_documents(text: str | bytes) -> list[Any]:
@@ -282,14 +314,19 @@ def load_spec_file(path: str | Path, *, now: datetime | None = None,
         raise SpecError(str(p), "is a directory, not a job spec file") from None
     except PermissionError:
         raise SpecError(str(p), "cannot be read (permission denied)") from None
-    docs = load_documents(raw)
-    if not docs:
-        raise SpecError(str(p), "the file holds no job spec")
-    prefix = len(docs) > 1
-    return [
-        parse_job_spec(doc, now=now, location_exists=location_exists, _path=f"[{i}]." if prefix else "")
-        for i, doc in enumerate(docs)
-    ]
+    try:
+        docs = load_documents(raw)
+        if not docs:
+            raise SpecError("", "the file holds no job spec")
+        prefix = len(docs) > 1
+        return [
+            parse_job_spec(doc, now=now, location_exists=location_exists, _path=f"[{i}]." if prefix else "")
+            for i, doc in enumerate(docs)
+        ]
+    except SpecError as exc:  # the error names the file (a command may read several)
+        named = SpecError(exc.field, exc.message)
+        named.args = (f"{p}: {exc}",)
+        raise named from None
 
 
 # -------------------------------------------------------------------------------------------- validation

@@ -58,8 +58,11 @@ def test_place_json_contract(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     code, out, err = run(["place", spec(tmp_path, text), "--json", "--top", "3"], capsys)
     assert code == 0, err
     doc = json.loads(out)
-    assert set(doc) == {"job", "placement", "alternatives", "considered", "feasible", "rejected"}
+    assert set(doc) == {"job", "placement", "alternatives", "considered", "feasible", "rejected", "explanation"}
     assert doc["job"] == "j1" and len(doc["alternatives"]) == 3
+    best, runner = doc["placement"], doc["alternatives"][0]
+    assert doc["explanation"].startswith(f"{best['provider']}:{best['region']}")
+    assert f"runner-up {runner['provider']}:{runner['region']}" in doc["explanation"]
     for opt in (doc["placement"], *doc["alternatives"]):
         assert tuple(opt) == PlacementOption.CONTRACT_KEYS
         assert opt["capacity"] in ("on-demand", "spot", "owned")
@@ -74,6 +77,9 @@ def test_no_feasible_placement_exits_3_with_null_placement(tmp_path: Path, capsy
     assert code == 3
     doc = json.loads(out)
     assert doc["placement"] is None and doc["alternatives"] == [] and doc["rejected"]["OverPriceCap"] > 0
+    top_reason, count = max(doc["rejected"].items(), key=lambda kv: kv[1])
+    assert doc["explanation"].startswith(f"No feasible placement among {doc['considered']} offers")
+    assert f"{top_reason} ({count})" in doc["explanation"]
 
 
 def test_several_documents_give_one_json_line_each(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -185,3 +191,34 @@ def test_every_example_places_on_the_shared_catalogs(capsys: pytest.CaptureFixtu
     assert placed["train-a100"]["gpus"] >= 8 and placed["train-a100"]["accelerator"] == "A100"
     assert placed["infer-t4-spot"]["capacity"] == "spot" and placed["infer-t4-spot"]["accelerator"] == "T4"
     assert placed["etl-eu-only"]["region"] in ("eu-west-1", "eu-central-1", "europe-west4", "westeurope")
+
+
+def _option(provider: str, hourly: float, compute: float, egress: float = 0.0, finish: float = 1.0) -> PlacementOption:
+    return PlacementOption(provider=provider, region="r1", zone=None, instance_type="t", capacity="on-demand",
+                           vcpus=4, memory_gib=16, gpus=0, accelerator=None, hourly_usd=hourly, compute_usd=compute,
+                           egress_usd=egress, transfer_hours=0.0, total_usd=compute + egress, finish_hours=finish)
+
+
+def test_the_explanation_says_the_runner_up_costs_more_not_the_winner() -> None:
+    from broker.model import PlacementResult
+    from policies.placement.explain import explain
+
+    res = PlacementResult("j", _option("gcp", 1.0, 3.0), (_option("aws", 11.5, 34.49),), considered=2, feasible=2)
+    text = explain(res)
+    assert "$31.49 less than the runner-up aws:r1" in text
+    assert "because the runner-up's compute costs $31.49 more ($11.5000/h against $1.0000/h)" in text
+    assert "its compute" not in text
+    egress = PlacementResult("j", _option("gcp", 1.0, 3.0), (_option("aws", 1.0, 3.0, egress=5.0),), considered=2)
+    assert "because moving the data to the runner-up costs $5.00 more in egress" in explain(egress)
+
+
+def test_a_tie_is_called_a_tie_not_zero_dollars_less() -> None:
+    from broker.model import PlacementResult
+    from policies.placement.explain import explain
+
+    res = PlacementResult("j", _option("gcp", 1.0, 3.0, finish=1.0), (_option("aws", 1.0, 3.0, finish=2.0),),
+                          considered=2, feasible=2)
+    text = explain(res)
+    assert "$0.00 less" not in text
+    assert "a tie: the runner-up aws:r1 t (on-demand) costs the same ($3.00)" in text
+    assert "this one finishes in 1.00 h, the runner-up in 2.00 h" in text

@@ -28,6 +28,14 @@ def _build_app() -> typer.Typer:
         pretty_exceptions_enable=False,
         context_settings={"help_option_names": ["-h", "--help"]},
     )
+    @app.callback()
+    def _root(
+        version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                     help="Print the version and exit."),
+    ) -> None:
+        """hybrid-broker: place and run jobs where they are cheapest in total, across clouds, on-prem and edge."""
+
+    _hide_flag_types()
     place.register(app)
     catalog.register(app)
     providers.register(app)
@@ -36,6 +44,32 @@ def _build_app() -> typer.Typer:
     edge.register(app)
     report.register(app)
     return app
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from broker import __version__
+
+        typer.echo(f"broker (hybrid-broker) {__version__}")
+        raise typer.Exit()
+
+
+def _hide_flag_types() -> None:
+    """Typer >= 0.16 shows the type ``<bool>`` beside every flag in ``--help``; a flag takes no value, so
+    the column stays empty for flags (a value-taking option still shows ``<int>``, ``<path>``...)."""
+    from typer.core import TyperOption
+
+    if getattr(TyperOption.display_type_rich, "_hb_flags_hidden", False):
+        return
+    original = TyperOption.display_type_rich
+
+    def display_type_rich(self: TyperOption, ctx: typer.Context) -> str | None:
+        if self.is_flag and not self.count:
+            return None
+        return original(self, ctx)
+
+    display_type_rich._hb_flags_hidden = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,7 +3,7 @@
 Contract (``--json``): one JSON object per job (one line each when the file holds several)::
 
     {"job": NAME, "placement": OPTION | null, "alternatives": [OPTION, ...], "considered": INT,
-     "feasible": INT, "rejected": {REASON: COUNT}}
+     "feasible": INT, "rejected": {REASON: COUNT}, "explanation": SENTENCE}
 
 Exit codes: 0 every job placed; 2 invalid spec (one line on stderr naming the field); 3 some job has no
 feasible placement (its JSON still printed, ``placement: null``); 1 anything else (unreadable catalog).
@@ -95,7 +95,7 @@ def place_command(
             raise _fail(str(exc), EXIT_INVALID) from None
     if json_out:
         for r in results:
-            sys.stdout.write(json.dumps(r.to_dict()) + "\n")
+            sys.stdout.write(json.dumps({**r.to_dict(), "explanation": r.explanation}) + "\n")
     else:
         _print_tables(results, cat.version)
     if any(r.placement is None for r in results):

@@ -65,14 +65,42 @@ def serve(
 
     settings = load_settings(host=host, port=port, data_dir=data_dir, catalog_dir=catalog)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sock = _listen(settings.host, settings.port)  # first: a busy port fails before anything is started
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=10, lifespan="on")
     server = _CleanExitServer(config)
-    print(f"broker: serving on http://{settings.host}:{settings.port} (data {settings.data_dir}, store "
+    bound = sock.getsockname()[1]
+    print(f"broker: serving on http://{settings.host}:{bound} (data {settings.data_dir}, store "
           f"{'postgresql' if app.state.hb.store.is_postgres else 'sqlite'})", file=sys.stderr, flush=True)
-    server.run()
+    with sock:
+        server.run(sockets=[sock])
     print("broker: stopped", file=sys.stderr, flush=True)
+
+
+def _listen(host: str, port: int) -> Any:
+    """A listening socket on ``host:port``; a :class:`BrokerError` saying why when it cannot be had."""
+    import socket
+
+    from broker.errors import BrokerError
+
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise BrokerError(f"cannot listen on {host}:{port}: {exc.strerror}. To fix: pass --host with an address "
+                          "of this machine (BROKER_HOST)") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise BrokerError(f"cannot listen on {host}:{port}: {exc.strerror}. To fix: stop what listens there or "
+                          "pass another --port (BROKER_PORT)") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def _clean_exit_server_class() -> Any:

@@ -23,6 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", default=str(default_state_dir()),
                    help="state directory (default $HB_EDGE_HOME or ~/.hb-edge)")
     p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--version", action="version", version="%(prog)s " + sys.modules["edge.agent.config"].AGENT_VERSION)
     sub = p.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("enroll", help="enroll this device with a one-time token")
     e.add_argument("--broker", required=True, help="broker HTTP URL, e.g. https://broker.example:8080")

@@ -34,17 +34,22 @@ def explain(res: PlacementResult) -> str:
     d_total = ru.total_usd - best.total_usd
     d_compute = ru.compute_usd - best.compute_usd
     d_egress = ru.egress_usd - best.egress_usd
-    if abs(d_total) < 0.005:
-        why = "they cost the same and it finishes no later"
-    elif d_egress > d_compute:
-        why = f"moving the data there costs ${d_egress:,.2f} more in egress"
-    elif ru.hourly_usd > best.hourly_usd:
-        why = f"its compute costs ${d_compute:,.2f} more (${ru.hourly_usd:.4f}/h vs ${best.hourly_usd:.4f}/h)"
-    else:
-        why = f"waiting for its data adds ${d_compute:,.2f} of compute ({ru.transfer_hours:.2f} h of transfer)"
+    if abs(d_total) < 0.005:  # a tie: no "$0.00 less"
+        return head + (
+            f"; a tie: the runner-up {describe(ru)} costs the same (${ru.total_usd:,.2f}); this one finishes in "
+            f"{best.finish_hours:.2f} h, the runner-up in {ru.finish_hours:.2f} h."
+        )
     if d_total < 0:  # objective = time: the runner-up is cheaper but slower
         return (
             head + f", finishing in {best.finish_hours:.2f} h against {ru.finish_hours:.2f} h for the cheaper "
             f"runner-up {describe(ru)} at ${ru.total_usd:,.2f}."
         )
+    if d_egress > d_compute:
+        why = f"moving the data to the runner-up costs ${d_egress:,.2f} more in egress"
+    elif ru.hourly_usd > best.hourly_usd:
+        why = (f"the runner-up's compute costs ${d_compute:,.2f} more "
+               f"(${ru.hourly_usd:.4f}/h against ${best.hourly_usd:.4f}/h)")
+    else:
+        why = (f"waiting for the runner-up's data adds ${d_compute:,.2f} of compute "
+               f"({ru.transfer_hours:.2f} h of transfer)")
     return head + f", ${d_total:,.2f} less than the runner-up {describe(ru)}, because {why}."

@@ -228,7 +228,7 @@ def test_preview_answers_the_place_json_and_submits_nothing(client: httpx.Client
                     headers=h)
     assert r.status_code == 200
     body = r.json()
-    assert set(body) == {"job", "placement", "alternatives", "considered", "feasible", "rejected"}
+    assert set(body) == {"job", "placement", "alternatives", "considered", "feasible", "rejected", "explanation"}
     assert tuple(body["placement"]) == PlacementOption.CONTRACT_KEYS
     assert body["placement"]["provider"] == "aws" and body["placement"]["vcpus"] >= 16
     assert body["alternatives"] and all(a["total_usd"] >= body["placement"]["total_usd"] for a in body["alternatives"])
