@@ -85,7 +85,7 @@ def build_providers(settings: Settings, clock: Clock, inventory: Any = None) -> 
     out: dict[str, Any] = {}
     for name in settings.providers:
         if name == "onprem":
-            out[name] = OnPremPool(inventory, settings.data_dir, clock=sim_clock)
+            out[name] = OnPremPool(inventory, settings.data_dir, clock=sim_clock, sandbox=settings.onprem_sandbox)
         elif usable.get(name):
             try:
                 out[name] = registry.create(name)
