@@ -570,6 +570,9 @@ async def post_jobs(
     return _json_response(response, status, {"Idempotent-Replayed": "true"} if replayed else None)
 
 
+MAX_LABEL_FILTERS = 16  # label= filters per job listing (issue 17)
+
+
 @router.get("/v1/namespaces/{ns}/jobs", tags=["jobs"], response_model=None, responses=documented(JobListOut))
 def list_jobs(
     ns: Annotated[str, Depends(require_namespace)],
@@ -585,6 +588,9 @@ def list_jobs(
     stmt = sa.select(_jobs).where(_jobs.c.namespace == ns)
     if state:
         stmt = stmt.where(_jobs.c.state.in_([s.value for s in state]))
+    if len(label or []) > MAX_LABEL_FILTERS:  # each is a sub-query: bounded, so a tenant cannot pin a core
+        raise SpecError("label", f"{len(label or [])} label filters; at most {MAX_LABEL_FILTERS} are allowed. "
+                                 "To fix: select on fewer labels")
     for selector in label or []:
         k, sep, v = selector.partition("=")
         if not sep or not k:

@@ -87,7 +87,7 @@ def build_providers(settings: Settings, clock: Clock, inventory: Any = None) -> 
     out: dict[str, Any] = {}
     for name in settings.providers:
         if name == "onprem":
-            out[name] = OnPremPool(inventory, settings.data_dir, clock=sim_clock)
+            out[name] = OnPremPool(inventory, settings.data_dir, clock=sim_clock, sandbox=settings.onprem_sandbox)
         elif usable.get(name):
             try:  # adapter options (regions, zones, endpoints, subnet...) from BROKER_<NAME>_* variables
                 out[name] = registry.create(name, **options_from_env(name))
@@ -489,7 +489,12 @@ def create_app(
     _install_docs(app)
     app.state.hb = state
     _install_error_handlers(app)
+    from broker.db_errors import install_store_error_handlers
+    from broker.limits import BodyLimitMiddleware
+
+    install_store_error_handlers(app)  # store outage: JSON 503 + Retry-After, logged once (issue 17)
     app.add_middleware(_RefuseNulMiddleware)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)  # every route (issue 17)
 
     from broker.api import router
 

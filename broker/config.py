@@ -60,6 +60,8 @@ class Settings:
     gang_spread: str = "pack"
     load_balancing: str = "least-loaded"
     load_balancing_tolerance: float = 0.01
+    # --- who on-prem jobs run as (providers.sandbox): user | auto | off ---
+    onprem_sandbox: str = "auto"
 
     @property
     def load_balancing_weights(self) -> dict[str, float]:
@@ -176,6 +178,7 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         gang_spread=_choice(env, "BROKER_GANG_SPREAD", "pack", GANG_POLICIES),
         load_balancing=env.get("BROKER_LOAD_BALANCING") or "least-loaded",
         load_balancing_tolerance=_ratio(env, "BROKER_LOAD_BALANCING_TOLERANCE", 0.01),
+        onprem_sandbox=_choice(env, "BROKER_ONPREM_SANDBOX", "auto", ("user", "auto", "off")),
     )
     parse_load_balancing(settings.load_balancing)  # refuse a bad value at start, naming the key
     settings = settings.with_overrides(**overrides)

@@ -40,13 +40,14 @@ the advisory lock :data:`LEADER_LOCK_ID` runs cycles, so several broker processe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -54,6 +55,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from broker.errors import ProviderError, SpecError
+from broker.leader import TAKEOVER_GRACE_SECONDS, FencedOut, Leadership
 from broker.lifecycle import Transition, apply_transitions, note
 from broker.model import (
     Attempt,
@@ -67,6 +69,7 @@ from broker.model import (
     Request,
     RetryPolicy,
 )
+from broker.spec_cache import SpecCache
 from broker.store import AttemptRow, JobRow, utc
 from policies.gang import SPREAD, GangPlacement, Slot, place_gang
 from policies.loadbalance import Context as LBContext
@@ -324,9 +327,10 @@ class Scheduler:
         self.admission_checks: list[AdmissionCheck] = list(admission_checks)
         self.batch = batch or state.settings.scheduler_batch
         self.metrics = state.metrics
-        self._spec_cache: dict[str, JobSpec] = {}
-        self._leader_conn: sa.Connection | None = None
+        self._spec_cache: SpecCache[JobSpec] = SpecCache()  # bounded; ended jobs are dropped (step 6)
+        self.leader = Leadership(self.store, LEADER_LOCK_ID)  # lock checked every cycle, fenced writes
         self._reconciled = False
+        self._outage: str | None = None  # the error of the cycle that failed first in a row (logged once)
         self._lock = threading.Lock()
         from providers.failover import Blocklist
 
@@ -361,7 +365,8 @@ class Scheduler:
 
     def run_forever(self, stop: threading.Event) -> None:
         """Run cycles every ``scheduler_interval_seconds`` until ``stop`` is set (immediately again while
-        there is more work). Errors of one cycle are logged and do not stop the loop."""
+        there is more work). Errors of one cycle do not stop the loop; a run of failing cycles (a database
+        outage) is logged once when it starts and once when it ends."""
         interval = self.state.settings.scheduler_interval_seconds
         while not stop.is_set():
             busy = False
@@ -371,6 +376,16 @@ class Scheduler:
                         self.reconcile()
                     report = self.run_cycle()
                     busy = report.busy
+                if self._outage is not None:
+                    log.warning("scheduler cycles work again (after: %s)", self._outage)
+                    self._outage = None
+            except FencedOut as exc:
+                log.warning("%s", exc)
+            except sa.exc.SQLAlchemyError as exc:  # the database is away: once per outage, no traceback
+                if self._outage is None:
+                    self._outage = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                    log.warning("scheduler cycle failed, the store is unreachable; retrying every %gs (%s)",
+                                interval, self._outage)
             except Exception:  # noqa: BLE001 - the loop must survive; the store keeps the truth
                 log.exception("scheduler cycle failed; retrying next interval")
             if not busy:
@@ -378,29 +393,25 @@ class Scheduler:
         self.release_leadership()
 
     def is_leader(self) -> bool:
-        """True when this process may schedule: always on SQLite; the advisory lock holder on PostgreSQL."""
-        if not self.store.is_postgres:
-            return True
-        if self._leader_conn is not None:
-            return True
-        conn = self.store.engine.connect()
-        got = conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": LEADER_LOCK_ID}).scalar()
-        conn.commit()
-        if got:
-            self._leader_conn = conn
-            log.info("this broker is the scheduler leader")
-            return True
-        conn.close()
-        return False
+        """True when this process may schedule: always on SQLite; on PostgreSQL the holder of the advisory
+        lock, checked on its own session every call (:class:`broker.leader.Leadership`). A new term makes
+        the next cycle reconcile first (takeover)."""
+        leads = self.leader.check()
+        if leads and self.leader.new_term:
+            self.leader.new_term = False
+            self._reconciled = False
+        return leads
 
     def release_leadership(self) -> None:
-        if self._leader_conn is not None:
-            try:
-                self._leader_conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": LEADER_LOCK_ID})
-                self._leader_conn.commit()
-            finally:
-                self._leader_conn.close()
-                self._leader_conn = None
+        self.leader.release()
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[Any]:
+        """A write transaction of the scheduler, fenced: refused (:class:`FencedOut`) once another replica's
+        term has begun (:meth:`broker.leader.Leadership.fence`)."""
+        with self.store.tx() as session:
+            self.leader.fence(session)
+            yield session
 
     # ------------------------------------------------------------------------------ helpers
 
@@ -410,9 +421,7 @@ class Scheduler:
             from broker.spec import parse_job_spec
 
             spec = parse_job_spec(json.loads(spec_json), now=created_at)
-            if len(self._spec_cache) > 50_000:
-                self._spec_cache.clear()
-            self._spec_cache[job_id] = spec
+            self._spec_cache.put(job_id, spec, len(spec_json))
         return spec
 
     def _lock_rows(self, session: Any, ids: Sequence[str], state: JobState) -> set[str]:
@@ -428,8 +437,12 @@ class Scheduler:
         return out
 
     def _count(self, transitions: Iterable[Transition]) -> None:
+        ended = []
         for t in transitions:
             self.metrics.transitions.labels(t.to_state.value).inc()
+            if t.to_state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED):
+                ended.append(t.job_id)
+        self._spec_cache.discard(ended)  # an ended job's spec is not read again by the loop
 
     def _timed(self, report: CycleReport, step: str, started: float) -> None:
         took = time.perf_counter() - started
@@ -1129,7 +1142,7 @@ class Scheduler:
             from broker import decisions
         except ImportError:  # pragma: no cover - the reports area is optional
             decisions = None  # type: ignore[assignment]
-        with self.store.tx() as session:
+        with self._tx() as session:
             ids = [j.id for j, *_ in decided] + [i for i, _ in fails] + list(holds)
             live = self._lock_rows(session, ids, JobState.PENDING)
             transitions: list[Transition] = []
@@ -1238,6 +1251,8 @@ class Scheduler:
         outcomes = []
         for job, options in placed:
             request_id = job.request_id or f"{job.id}-r{job.retries}"
+            if not self.leader.still_leads():  # deposed meanwhile: the next leader adopts or requeues the rest
+                break
             plan = self._gang_plans.get(job.id)
             if plan is not None and len(plan) > 1:  # gang: one launch per host/zone, all or nothing
                 outcome = self._launch_gang(job, request_id, plan, options[0])
@@ -1256,7 +1271,7 @@ class Scheduler:
         ok = backoff = 0
         orphans: list[tuple[str, list[str], str]] = []
         transitions: list[Transition] = []
-        with self.store.tx() as session:
+        with self._tx() as session:
             live = self._lock_rows(session, [j.id for j, *_ in outcomes], JobState.PROVISIONING)
             attempt_rows: list[dict[str, Any]] = []
             for job, request_id, outcome in outcomes:
@@ -1388,7 +1403,7 @@ class Scheduler:
                     charges[r.id] = (r, hours, 0.0)
         if not transitions:
             return edge_done
-        with self.store.tx() as session:
+        with self._tx() as session:
             live = self._lock_rows(session, [t.job_id for t in transitions], JobState.RUNNING)
             transitions = [t for t in transitions if t.job_id in live]
             apply_transitions(session, transitions, now=now)
@@ -1416,7 +1431,7 @@ class Scheduler:
             ).scalars())
         if not ids:
             return 0
-        with self.store.tx() as session:
+        with self._tx() as session:
             live = self._lock_rows(session, ids, JobState.BACKOFF)
             transitions = [Transition(i, JobState.BACKOFF, JobState.PENDING, reason="backoff over: requeued")
                            for i in ids if i in live]
@@ -1438,6 +1453,8 @@ class Scheduler:
         listing_ok: set[str] = set()
         for name, provider in self.state.providers.items():
             try:
+                if hasattr(provider, "adopt"):  # on-prem: runs a previous leader started in the shared data dir
+                    provider.adopt()
                 for inst in provider.instances(None):
                     if TAG_JOB in inst.tags:
                         found.setdefault(inst.tags[TAG_JOB], []).append(inst)
@@ -1447,11 +1464,12 @@ class Scheduler:
         with self.store.read() as session:
             active = {r.id: r for r in session.execute(
                 sa.select(_jobs.c.id, _jobs.c.state, _jobs.c.provider, _jobs.c.request_id, _jobs.c.instances_json,
-                          _jobs.c.retries, _jobs.c.spec_json, _jobs.c.created_at)
+                          _jobs.c.retries, _jobs.c.spec_json, _jobs.c.created_at, _jobs.c.updated_at)
                 .where(_jobs.c.state.in_(ACTIVE_STATES))
             )}
         transitions: list[Transition] = []
         terminate: dict[str, list[str]] = {}
+        unresolved = 0
         done = (InstanceState.TERMINATED, InstanceState.SUCCEEDED, InstanceState.FAILED)
         for job_id, insts in found.items():
             row = active.get(job_id)
@@ -1474,19 +1492,22 @@ class Scheduler:
                                 "region": insts[0].region, "dry_run": any(i.dry_run for i in insts),
                                 "started_at": now},
                     ))
+            elif (state is JobState.PROVISIONING and self.store.is_postgres and self.leader.engaged
+                  and (now - utc(row.updated_at)).total_seconds() < TAKEOVER_GRACE_SECONDS):
+                unresolved += 1  # a previous leader may still be launching it: look again next cycle
             elif row.provider in listing_ok or state is JobState.PROVISIONING:
                 counts["requeued"] += 1
                 transitions.append(Transition(
                     job_id, state, JobState.BACKOFF, reason="instances lost across a broker restart; requeued",
                     fields={"not_before": now, "instances_json": None},
                 ))
-        with self.store.tx() as session:
+        with self._tx() as session:
             apply_transitions(session, transitions, now=now)
         self._count(transitions)
         for provider, ids in terminate.items():
             counts["terminated"] += len(ids)
             self.state.terminate_instances(provider, ids, "reconcile")
-        self._reconciled = True
+        self._reconciled = not unresolved  # reconciled again next cycle while a takeover launch may land
         if any(counts.values()):
             log.info("reconciled at start: %s", counts)
         return counts

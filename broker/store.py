@@ -210,9 +210,16 @@ class IdempotencyRow(SQLModel, table=True):
     created_at: datetime = utc_column()
 
 
-def make_engine(url: str) -> Engine:
+STATEMENT_TIMEOUT_MS = 30_000  # no statement of the broker runs longer (a tenant cannot pin a core)
+
+
+def make_engine(url: str, statement_timeout_ms: int = STATEMENT_TIMEOUT_MS) -> Engine:
     """An engine for ``url``: SQLite files get WAL, ``synchronous=NORMAL``, foreign keys and a busy timeout;
-    ``sqlite://`` (memory) shares one connection; PostgreSQL gets ``pool_pre_ping``."""
+    ``sqlite://`` (memory) shares one connection; PostgreSQL gets ``pool_pre_ping``.
+
+    Every statement is bounded by ``statement_timeout_ms``: PostgreSQL's ``statement_timeout`` is set on each
+    new session (the server cancels it, SQLSTATE 57014); SQLite gets a progress handler that interrupts a
+    statement running past its deadline (``sqlite3.OperationalError: interrupted``)."""
     if url.startswith("sqlite"):
         memory = url in ("sqlite://", "sqlite:///:memory:")
         engine = sa.create_engine(
@@ -227,9 +234,33 @@ def make_engine(url: str) -> Engine:
             for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON", "busy_timeout=10000"):
                 cur.execute(f"PRAGMA {pragma}")
             cur.close()
+            deadline = [float("inf")]
+            _record.info["hb_deadline"] = deadline
+            dbapi_conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline[0] else 0, 10_000)
+
+        @event.listens_for(engine, "before_cursor_execute")
+        def _start_clock(conn: Any, *_args: Any) -> None:
+            deadline = conn.info.get("hb_deadline")
+            if deadline is not None:
+                deadline[0] = time.monotonic() + statement_timeout_ms / 1000.0
+
+        @event.listens_for(engine, "commit")
+        @event.listens_for(engine, "rollback")
+        def _stop_clock(conn: Any) -> None:
+            deadline = conn.info.get("hb_deadline")
+            if deadline is not None:
+                deadline[0] = float("inf")
 
         return engine
-    return sa.create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+    engine = sa.create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+
+    @event.listens_for(engine, "connect")
+    def _timeout(dbapi_conn: Any, _record: Any) -> None:
+        with dbapi_conn.cursor() as cur:
+            cur.execute(f"SET statement_timeout = {int(statement_timeout_ms)}")
+        dbapi_conn.commit()
+
+    return engine
 
 
 _id_lock = threading.Lock()
@@ -257,9 +288,10 @@ class Store:
     queries. On PostgreSQL :attr:`is_postgres` enables row locks and advisory locks.
     """
 
-    def __init__(self, url: str, engine: Engine | None = None) -> None:
+    def __init__(self, url: str, engine: Engine | None = None, *,
+                 statement_timeout_ms: int = STATEMENT_TIMEOUT_MS) -> None:
         self.url = url
-        self.engine = engine or make_engine(url)
+        self.engine = engine or make_engine(url, statement_timeout_ms)
         self.dialect = self.engine.dialect.name
         self.is_sqlite = self.dialect == "sqlite"
         self.is_postgres = self.dialect == "postgresql"

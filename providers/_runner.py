@@ -1,8 +1,10 @@
 """Run one on-prem job command and record how it ended (stdlib only; started by ``providers.onprem``).
 
-Usage: ``python _runner.py RUN_DIR WORKDIR -- COMMAND...``. Writes stdout/stderr to ``RUN_DIR/stdout.log``
-and ``RUN_DIR/stderr.log`` and, when the command ends, ``RUN_DIR/exit.json`` with ``exit_code`` (negative:
-killed by that signal), ``cpu_seconds`` and ``max_rss_mib`` from the kernel's resource usage.
+Usage: ``python _runner.py RUN_DIR WORKDIR [--user UID:GID] -- COMMAND...``. Writes stdout/stderr to
+``RUN_DIR/stdout.log`` and ``RUN_DIR/stderr.log`` (``0600``) and, when the command ends, ``RUN_DIR/exit.json``
+with ``exit_code`` (negative: killed by that signal), ``cpu_seconds`` and ``max_rss_mib`` from the kernel's
+resource usage. With ``--user`` the command runs as that user and group, with no supplementary groups and
+umask 077 (the runner itself stays the broker's user, so the job cannot touch its logs or exit record).
 
 Design choice: a small wrapper process (not the broker) waits for the command, so the exit code and usage
 are recorded even when the broker restarts meanwhile. It survives SIGTERM/SIGINT sent to its process
@@ -35,9 +37,16 @@ def _write_exit(run_dir: str, exit_code: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    run_dir, workdir, sep, *command = argv
+    os.umask(0o077)
+    run_dir, workdir, *rest = argv
+    as_user: dict[str, object] = {}
+    if rest[:1] == ["--user"] and len(rest) > 1:
+        uid, _, gid = rest[1].partition(":")
+        as_user = {"user": int(uid), "group": int(gid), "extra_groups": [], "umask": 0o077}
+        rest = rest[2:]
+    sep, *command = rest or [""]
     if sep != "--" or not command:
-        print("usage: _runner.py RUN_DIR WORKDIR -- COMMAND...", file=sys.stderr)
+        print("usage: _runner.py RUN_DIR WORKDIR [--user UID:GID] -- COMMAND...", file=sys.stderr)
         return 2
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(sig, lambda _s, _f: None)  # the command is in our group and gets the signal itself
@@ -45,8 +54,9 @@ def main(argv: list[str]) -> int:
         os.path.join(run_dir, "stderr.log"), "ab"
     ) as err:
         try:
-            child = subprocess.Popen(command, cwd=workdir, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
-        except OSError as exc:
+            child = subprocess.Popen(command, cwd=workdir, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                     **as_user)  # type: ignore[call-overload]
+        except (OSError, subprocess.SubprocessError) as exc:
             err.write(f"hybrid-broker: cannot start {command[0]!r}: {exc}\n".encode())
             err.flush()
             _write_exit(run_dir, 127 if isinstance(exc, FileNotFoundError) else 126)

@@ -13,9 +13,24 @@ duration on the clock, while still holding their capacity.
 State that matters is on disk (``run.json`` per run), so a restarted broker re-adopts live runs (their
 processes are checked by pid and start time) and can clean up the rest by tag.
 
-Environment of a job: ``PATH``, ``HOME``, ``LANG``, ``TMPDIR`` of the broker, then the job's ``env``,
-then ``HB_JOB``, ``HB_INSTANCE_ID``, ``HB_RUN_DIR``, ``HB_CHECKPOINT_DIR`` and, when GPUs were allocated,
-``CUDA_VISIBLE_DEVICES``. Design choice: the broker's own environment (tokens, cloud keys) is not passed.
+Who a job runs as (:mod:`providers.sandbox`, ``sandbox=``): with ``user`` (or ``auto`` as root) each
+namespace's jobs run as its own unprivileged system user (``hbj-<namespace>``, no supplementary groups,
+umask 077) in a work directory only that user owns (``0700``); the run's logs and ``run.json`` stay
+root-owned ``0600``. ``workingDir`` is a relative path inside the work directory (``..``, absolute paths
+and symlinks out are refused).
+
+Environment of a job: a fixed ``PATH``, ``HOME`` and ``TMPDIR`` in its work directory, ``LANG``, then the
+job's ``env``, then ``HB_JOB``, ``HB_INSTANCE_ID``, ``HB_RUN_DIR``, ``HB_CHECKPOINT_DIR`` and, when GPUs
+were allocated, ``CUDA_VISIBLE_DEVICES``. Design choice: nothing of the broker's own environment (tokens,
+database URL, cloud keys) is passed.
+
+Launch order (so a broker killed at any point never runs a job twice): ``run.json`` is written with the
+run's intent (no pid yet) *before* the process starts, then again with its pid and start time. A pool that
+finds an intent without a pid (the broker died in between) looks the runner up in ``/proc`` by its run
+directory and adopts it; when no runner exists the launch never happened and the run reports FAILED
+(never started), so the job is retried with a new request id instead of being started a second time.
+:meth:`OnPremPool.adopt` re-reads runs another broker process wrote (a new scheduler leader sharing the
+data directory calls it on takeover).
 """
 
 from __future__ import annotations
@@ -48,11 +63,12 @@ from broker.model import (
 )
 
 from .base import TAG_JOB, Capability, launch_tags, matches_tags, require_count
+from .sandbox import Sandbox, clean_env, safe_workdir, secure_data_dir
 
 __all__ = ["OnPremPool", "HostLike", "InventoryLike", "LocalHost"]
 
 _RUNNER = str(Path(__file__).with_name("_runner.py"))
-_PASS_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
+TAG_NAMESPACE = "hb-namespace"  # as broker.scheduler.TAG_NAMESPACE: whose user a run gets
 
 
 class HostLike(Protocol):
@@ -104,6 +120,24 @@ def _mem_total_gib() -> float:
     return 4.0
 
 
+def _find_runner(run_dir: Path) -> int | None:
+    """The pid of a live ``_runner.py`` process started for ``run_dir`` (from ``/proc/*/cmdline``), or None."""
+    want = str(run_dir).encode()
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 2 and argv[1].endswith(b"_runner.py") and want in argv[2:5]:
+            return pid
+    return None
+
+
 def _proc_start_ticks(pid: int) -> int | None:
     """Start time of ``pid`` in clock ticks since boot, or ``None`` when it is gone or a zombie."""
     try:
@@ -122,6 +156,8 @@ class OnPremPool:
 
     ``inventory`` is a ``pricing.inventory.Inventory`` (anything with ``hosts`` and ``offers()``) or ``None``
     for this machine alone. ``data_dir`` holds ``runs/<instance id>/``. ``clock`` times simulated hosts.
+    ``sandbox`` is a :class:`providers.sandbox.Sandbox` or its mode (``user`` | ``auto`` | ``off``; the
+    library default is ``off``, ``broker serve`` passes ``BROKER_ONPREM_SANDBOX``, default ``auto``).
     """
 
     name = "onprem"
@@ -134,6 +170,7 @@ class OnPremPool:
         *,
         clock: Clock | None = None,
         grace_seconds: float = 10.0,
+        sandbox: Sandbox | str = "off",
     ) -> None:
         if inventory is None:
             try:
@@ -148,8 +185,11 @@ class OnPremPool:
         else:
             self._hosts = [LocalHost(memory_gib=round(_mem_total_gib(), 2))]
         self._by_host = {h.name: h for h in self._hosts}
+        self.sandbox = sandbox if isinstance(sandbox, Sandbox) else Sandbox(sandbox)
         self.runs_dir = Path(data_dir) / "runs"
         self.runs_dir.mkdir(parents=True, exist_ok=True)
+        if self.sandbox.drops_privileges:
+            secure_data_dir(data_dir)
         self._clock: Clock = clock or SystemClock()
         self.grace_seconds = grace_seconds
         self._lock = threading.RLock()
@@ -283,22 +323,33 @@ class OnPremPool:
                 }
                 run_dir = self.runs_dir / iid
                 run_dir.mkdir(parents=True, exist_ok=True)
+                os.chmod(run_dir, 0o711)
                 if host.local:
                     assert job is not None
                     self._start(iid, rec, run_dir, job)
                 else:
                     hours = job.request.duration_hours if job else 1.0
                     rec["ends_at"] = (self._clock.now() + timedelta(hours=hours)).isoformat()
-                self._runs[iid] = rec
-                self._save(iid, rec)
+                    self._runs[iid] = rec
+                    self._save(iid, rec)
                 made.append(self._to_instance(iid, rec))
             return made
 
     def _start(self, iid: str, rec: dict[str, Any], run_dir: Path, job: JobSpec) -> None:
+        """Start the run: its intent in ``run.json`` first, then the process, then its pid (module docstring)."""
+        user = self.sandbox.user_for(rec["tags"].get(TAG_NAMESPACE, "default"))
         work = run_dir / "work"
-        work.mkdir(exist_ok=True)
-        ckpt = job.checkpoint.path if job.checkpoint else str(run_dir / "checkpoint")
-        env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
+        cwd = safe_workdir(work, job.workdir)  # refused before anything is written
+        for d in (work, work / "tmp", cwd):
+            d.mkdir(parents=True, exist_ok=True)
+        ckpt_dir = run_dir / "checkpoint"
+        ckpt_dir.mkdir(exist_ok=True)
+        if user is not None:
+            for d in (work, work / "tmp", cwd, ckpt_dir):
+                os.chown(d, user.uid, user.gid)
+                os.chmod(d, 0o700)
+        ckpt = job.checkpoint.path if job.checkpoint else str(ckpt_dir)
+        env = clean_env(work)
         env.update(job.env)
         env.update(
             {
@@ -310,12 +361,14 @@ class OnPremPool:
         )
         if rec["gpu_ids"]:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in rec["gpu_ids"])
-        cwd = job.workdir if job.workdir and Path(job.workdir).is_absolute() else str(work)
-        if job.workdir and not Path(job.workdir).is_absolute():
-            cwd = str(work / job.workdir)
-            Path(cwd).mkdir(parents=True, exist_ok=True)
+        rec["command"] = list(job.command)
+        rec["pid"] = None
+        rec["user"] = user.name if user is not None else None
+        self._runs[iid] = rec
+        self._save(iid, rec)  # the intent: a restarted pool looks for this run's process before anything else
+        as_user = ["--user", f"{user.uid}:{user.gid}"] if user is not None else []
         proc = subprocess.Popen(
-            [sys.executable, _RUNNER, str(run_dir), cwd, "--", *job.command],
+            [sys.executable, _RUNNER, str(run_dir), str(cwd), *as_user, "--", *job.command],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -325,7 +378,7 @@ class OnPremPool:
         self._procs[iid] = proc
         rec["pid"] = proc.pid
         rec["start_ticks"] = _proc_start_ticks(proc.pid)
-        rec["command"] = list(job.command)
+        self._save(iid, rec)
 
     def _alive(self, iid: str, rec: dict[str, Any]) -> bool:
         proc = self._procs.get(iid)
@@ -333,7 +386,7 @@ class OnPremPool:
             return proc.poll() is None
         pid = rec.get("pid")
         if not pid:
-            return False
+            return False  # an intent whose process never started (see _adopt)
         ticks = _proc_start_ticks(pid)
         return ticks is not None and ticks == rec.get("start_ticks")
 
@@ -472,12 +525,26 @@ class OnPremPool:
     def _save(self, iid: str, rec: dict[str, Any]) -> None:
         path = self.runs_dir / iid / "run.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(rec, sort_keys=True))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(rec, sort_keys=True))
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
 
-    def _adopt(self) -> None:
-        """Load every ``runs/*/run.json`` so live runs keep their capacity and ended ones report their exit."""
+    def adopt(self) -> int:
+        """Load the runs other broker processes wrote into the runs directory since this pool started (a new
+        scheduler leader sharing the data directory calls it on takeover). Returns how many were new."""
+        with self._lock:
+            return self._adopt()
+
+    def _adopt(self) -> int:
+        """Load every ``runs/*/run.json`` not known yet, so live runs keep their capacity and ended ones report
+        their exit. An intent without a pid is resolved here (module docstring: launch order)."""
+        new = 0
         for path in sorted(self.runs_dir.glob("*/run.json")):
+            if path.parent.name in self._runs:
+                continue
             try:
                 rec = json.loads(path.read_text())
             except (OSError, ValueError):
@@ -491,4 +558,13 @@ class OnPremPool:
                     )
                 )
                 continue
+            if not rec.get("simulated") and not rec.get("pid") and not rec.get("never_started"):
+                pid = _find_runner(path.parent)
+                if pid is not None:
+                    rec["pid"], rec["start_ticks"] = pid, _proc_start_ticks(pid)
+                elif self._exit(rec["id"]) is None:
+                    rec["never_started"] = True
+                self._save(rec["id"], rec)
             self._runs[rec["id"]] = rec
+            new += 1
+        return new

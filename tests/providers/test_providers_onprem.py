@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import pwd
+import shutil
 import signal
+import stat
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -209,3 +218,188 @@ def test_without_an_inventory_the_pool_is_this_machine(tmp_path: Path) -> None:
     [offer] = pool.offers()
     assert offer.instance_type.name == "localhost" and offer.capacity is Capacity.OWNED
     assert offer.instance_type.vcpus >= 1 and offer.instance_type.memory_gib > 0
+
+
+# --- issue 17: sandboxed runs (a namespace user, a clean environment, a private directory) ------------
+
+SYS_PY = "/usr/bin/python3"  # the interpreter of the pytest run may live where a job user cannot go
+needs_root = pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0 or not os.path.exists(SYS_PY) or not shutil.which("useradd"),
+    reason="dropping privileges needs root, useradd and /usr/bin/python3",
+)
+
+PROBE = """
+import json, os, sys
+res = {"uid": os.getuid(), "groups": os.getgroups(), "env": sorted(os.environ)}
+for name, path in json.loads(sys.argv[1]).items():
+    try:
+        if os.path.isdir(path):
+            os.listdir(path)
+        else:
+            open(path, "rb").read(1)
+        res[name] = "read"
+    except OSError as exc:
+        res[name] = type(exc).__name__
+open("mine.txt", "w").write("private")
+print(json.dumps(res))
+"""
+
+
+@pytest.fixture
+def open_data_dir() -> Iterator[Path]:
+    """A data dir whose parents others may pass (as an operator's /srv/broker would be), with a database,
+    a CA key and a log left world-readable, the way they were before the broker secured them."""
+    base = Path(tempfile.mkdtemp(prefix="hb17-"))
+    os.chmod(base, 0o755)
+    data = base / "data"
+    (data / "ca").mkdir(parents=True)
+    for rel in ("broker.db", "ca/ca.key", "server.log"):
+        (data / rel).write_text("secret")
+        os.chmod(data / rel, 0o644)
+    os.chmod(data, 0o755)
+    os.chmod(data / "ca", 0o755)
+    try:
+        yield data
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _probe(pool: OnPremPool, ns: str, req: str, targets: dict[str, str]) -> tuple[dict, str]:
+    job = make_job(command=(SYS_PY, "-c", PROBE, json.dumps(targets)), env={"MINE": "1"})
+    [inst] = pool.launch(local_offer(), 1, req, tags={TAG_JOB: req, "hb-namespace": ns}, job=job)
+    ended = wait_ended(pool, inst.id)
+    stdout, stderr = pool.logs(inst.id)
+    assert ended.state is InstanceState.SUCCEEDED, stderr.read_text()
+    return json.loads(stdout.read_text()), inst.id
+
+
+@needs_root
+def test_a_sandboxed_job_cannot_read_the_data_dir_the_ca_key_the_broker_environ_or_another_tenant(
+    open_data_dir: Path,
+) -> None:
+    pool = OnPremPool(INV, open_data_dir, sandbox="user")
+    data = open_data_dir
+    first, a_iid = _probe(pool, "team-a", "req-a", {})
+    a_run = data / "runs" / a_iid
+    assert (a_run / "work" / "mine.txt").read_text() == "private"
+    targets = {
+        "data_dir": str(data), "db": str(data / "broker.db"), "ca_key": str(data / "ca" / "ca.key"),
+        "ca_dir": str(data / "ca"), "log": str(data / "server.log"), "runs": str(data / "runs"),
+        "broker_environ": f"/proc/{os.getpid()}/environ",
+        "other_stdout": str(a_run / "stdout.log"), "other_run_json": str(a_run / "run.json"),
+        "other_work": str(a_run / "work"), "other_file": str(a_run / "work" / "mine.txt"),
+    }
+    got, b_iid = _probe(pool, "team-b", "req-b", targets)
+    denied = {k: v for k, v in got.items() if k in targets}
+    assert denied == {k: "PermissionError" for k in targets}, denied
+    assert got["uid"] != 0 and got["uid"] != first["uid"]  # one user per namespace, never root
+    assert got["groups"] in ([], [pwd.getpwuid(got["uid"]).pw_gid])
+    assert pwd.getpwuid(got["uid"]).pw_name.startswith("hbj-team-b-")
+    # a clean environment: nothing of the broker's (tokens, database URL), only the job's and HB_*
+    assert set(got["env"]) <= {"PATH", "HOME", "TMPDIR", "LANG", "MINE", "HB_JOB", "HB_INSTANCE_ID", "HB_RUN_DIR",
+                               "HB_CHECKPOINT_DIR", "LC_CTYPE"}
+    # the broker's own files are private now; its logs of the run are root's, 0600
+    for rel in ("broker.db", "ca/ca.key", "server.log"):
+        assert stat.S_IMODE((data / rel).stat().st_mode) == 0o600, rel
+    assert stat.S_IMODE((data / "ca").stat().st_mode) == 0o700
+    assert stat.S_IMODE((data / "runs" / b_iid / "stdout.log").stat().st_mode) == 0o600
+
+
+@needs_root
+def test_a_job_of_one_namespace_cannot_kill_or_signal_the_broker(open_data_dir: Path) -> None:
+    pool = OnPremPool(INV, open_data_dir, sandbox="user")
+    script = f"import os, signal\ntry:\n    os.kill({os.getpid()}, 0)\n    print('reached')\nexcept OSError as e:\n" \
+             "    print(type(e).__name__)"
+    job = make_job(command=(SYS_PY, "-c", script))
+    [inst] = pool.launch(local_offer(), 1, "req-k", tags={"hb-namespace": "team-a"}, job=job)
+    wait_ended(pool, inst.id)
+    assert pool.logs(inst.id)[0].read_text().strip() == "PermissionError"
+
+
+@pytest.mark.parametrize("workdir", ["../../..", "/etc", "a/../../b"])
+def test_a_working_dir_that_leaves_the_run_directory_is_refused(tmp_path: Path, workdir: str) -> None:
+    pool = OnPremPool(INV, tmp_path)
+    job = dataclasses.replace(make_job(command=("true",)), workdir=workdir)
+    with pytest.raises(InvalidRequestError, match="workingDir"):
+        pool.launch(local_offer(), 1, "req-w", tags={}, job=job)
+    assert pool.instances() == []
+
+
+def test_a_relative_working_dir_is_made_inside_the_work_directory(tmp_path: Path) -> None:
+    pool = OnPremPool(INV, tmp_path)
+    job = dataclasses.replace(make_job(command=("sh", "-c", "pwd")), workdir="src/app")
+    [inst] = pool.launch(local_offer(), 1, "req-rw", tags={}, job=job)
+    wait_ended(pool, inst.id)
+    assert pool.logs(inst.id)[0].read_text().strip() == str(tmp_path / "runs" / inst.id / "work" / "src" / "app")
+
+
+def test_without_root_mode_user_refuses_to_run_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from providers.sandbox import Sandbox
+
+    sandbox = Sandbox("user")
+    sandbox.can_switch = False  # as a broker not started as root sees it
+    pool = OnPremPool(INV, tmp_path, sandbox=sandbox)
+    with pytest.raises(InvalidRequestError, match="needs the broker to run as root"):
+        pool.launch(local_offer(), 1, "req-nr", tags={}, job=make_job(command=("true",)))
+
+
+# --- issue 17: a broker killed during dispatch never runs a job twice -----------------------------------
+
+CRASH_AFTER_POPEN = """
+import os, signal, subprocess, sys
+sys.path[:0] = [{root!r}]
+from tests.providers.test_providers_onprem import INV, local_offer
+from tests.providers.builders import make_job
+from providers.onprem import OnPremPool
+
+real = subprocess.Popen
+def popen_then_die(*a, **k):  # the broker is SIGKILLed right after the run started, before it recorded it
+    proc = real(*a, **k)
+    os.kill(os.getpid(), signal.SIGKILL)
+subprocess.Popen = popen_then_die
+pool = OnPremPool(INV, {data!r})
+pool.launch(local_offer(), 1, "req-crash", tags={{"hb-job": "job-crash"}},
+            job=make_job(command=("sh", "-c", "echo started >> ../../../../starts.txt; sleep 2")))
+"""
+
+
+def test_sigkill_between_starting_a_run_and_recording_it_adopts_the_run_instead_of_starting_another(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "d"
+    code = CRASH_AFTER_POPEN.format(root=str(Path(__file__).parents[2]), data=str(data))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    [run_json] = list((data / "runs").glob("*/run.json"))
+    assert json.loads(run_json.read_text())["pid"] is None  # only the intent reached the disk
+    pool = OnPremPool(INV, data)  # the restarted broker
+    [inst] = pool.instances({TAG_JOB: "job-crash"})
+    assert inst.state is InstanceState.RUNNING  # adopted by its runner's /proc entry
+    again = pool.launch(local_offer(), 1, "req-crash", tags={TAG_JOB: "job-crash"},
+                        job=make_job(command=("sh", "-c", "echo started >> ../../../../starts.txt")))
+    assert [i.id for i in again] == [inst.id]
+    assert wait_ended(pool, inst.id).state is InstanceState.SUCCEEDED
+    assert (tmp_path / "starts.txt").read_text() == "started\n"
+
+
+def test_an_intent_whose_process_never_started_reports_failed_not_running(tmp_path: Path) -> None:
+    pool = OnPremPool(INV, tmp_path)
+    [inst] = pool.launch(local_offer(), 1, "req-i", tags={TAG_JOB: "job-i"}, job=make_job(command=("sleep", "5")))
+    run_json = tmp_path / "runs" / inst.id / "run.json"
+    rec = json.loads(run_json.read_text())
+    pool.stop(inst.id, 0)
+    (tmp_path / "runs" / inst.id / "exit.json").unlink(missing_ok=True)
+    run_json.write_text(json.dumps(rec | {"pid": None}))  # as if the broker died before Popen
+    [again] = OnPremPool(INV, tmp_path).instances({TAG_JOB: "job-i"})
+    assert again.state is InstanceState.FAILED and again.exit_code is None
+
+
+def test_adopt_picks_up_runs_another_broker_process_started(tmp_path: Path) -> None:
+    first, second = OnPremPool(INV, tmp_path), OnPremPool(INV, tmp_path)
+    [inst] = first.launch(local_offer(), 1, "req-o", tags={TAG_JOB: "job-o"}, job=make_job(command=("sleep", "5")))
+    assert second.instances({TAG_JOB: "job-o"}) == []
+    assert second.adopt() == 1
+    assert [i.state for i in second.instances({TAG_JOB: "job-o"})] == [InstanceState.RUNNING]
+    assert second.free()["localhost"]["vcpus"] == 3
+    second.terminate([inst.id], "stop")
+    assert first.instance(inst.id).state is not InstanceState.RUNNING
