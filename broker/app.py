@@ -49,7 +49,7 @@ log = logging.getLogger("broker.app")
 SUBMIT_BATCH_JOBS = 2000
 
 # Routers of other areas, mounted when their module exists.
-OPTIONAL_ROUTERS = ("broker.api_edge", "broker.api_reports", "broker.api_policies")
+OPTIONAL_ROUTERS = ("broker.api_edge", "broker.api_reports", "broker.api_policies", "broker.api_ops")
 
 
 class ScaledClock:
@@ -454,6 +454,11 @@ def create_app(
 
         install_edge(state, gateway_options=gateway_options)
     # --- end edge ---
+    # --- fleet operations (issue 14): metrics history, alerts, pools, health; one hook per cycle ---
+    from broker.ops.service import install_ops
+
+    install_ops(state)
+    # --- end fleet operations ---
     stop = threading.Event()
 
     @asynccontextmanager

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -69,6 +69,51 @@ class Metrics:
             "hb_http_requests", "HTTP requests by method and status class.", ["method", "status"],
             registry=self.registry,
         )
+        # --- fleet operations (issue 14: broker.ops.collect sets these each scheduler cycle) ---
+        self.utilization = Gauge(
+            "hb_utilization_ratio", "Used over capacity (0..1) per pool, host or device and resource.",
+            ["scope", "name", "resource"], registry=self.registry,
+        )
+        self.queue_length = Gauge(
+            "hb_queue_length", "PENDING jobs per namespace.", ["namespace"], registry=self.registry
+        )
+        self.queue_wait_oldest = Gauge(
+            "hb_queue_wait_oldest_seconds", "Age of the oldest PENDING job per namespace.", ["namespace"],
+            registry=self.registry,
+        )
+        self.spend_burn = Gauge(
+            "hb_spend_usd_per_hour", "Hourly spend of running work by namespace and provider.",
+            ["namespace", "provider"], registry=self.registry,
+        )
+        self.network_bytes = Counter(
+            "hb_network_bytes", "Bytes moved for jobs' data, by source and destination provider.",
+            ["src", "dst"], registry=self.registry,
+        )
+        self.edge_link_latency = Gauge(
+            "hb_edge_link_latency_seconds", "Last measured round-trip latency of an edge device's link.",
+            ["device"], registry=self.registry,
+        )
+        self.provisioning_latency = Histogram(
+            "hb_provisioning_latency_seconds", "Time from PLACED to RUNNING.", buckets=_WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.failovers = Counter(
+            "hb_failovers", "Runs moved elsewhere: lost hosts, failed liveness probes, provider failover.",
+            ["reason"], registry=self.registry,
+        )
+        self.pool_replicas = Gauge(
+            "hb_pool_replicas", "Replicas of a broker-owned pool (desired and current).", ["pool", "kind"],
+            registry=self.registry,
+        )
+        self.alerts_firing = Gauge(
+            "hb_alerts_firing", "Firing alerts by rule and severity.", ["rule", "severity"],
+            registry=self.registry,
+        )
+        self.webhook_deliveries = Counter(
+            "hb_alert_webhook_deliveries", "Alert webhook deliveries by outcome.", ["outcome"],
+            registry=self.registry,
+        )
+        # --- end fleet operations ---
         if count_jobs is not None:
             self.registry.register(_JobsByState(count_jobs))
 

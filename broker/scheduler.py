@@ -360,6 +360,8 @@ class Scheduler:
         self._lb_running: dict[str, int] | None = None
         self._lb_runtimes: dict[str, list[float]] = {}
         # --- end gang / load balancing ---
+        # Fleet operations (issue 14, broker.ops.service): called with the cycle's time after step 7.
+        self.cycle_hooks: list[Callable[[datetime], Any]] = []
 
     # ------------------------------------------------------------------------------ loop and leadership
 
@@ -492,6 +494,11 @@ class Scheduler:
             t0 = time.perf_counter()
             report.requeued = self._requeue(self.clock.now())
             self._timed(report, "7-requeue", t0)
+            for hook in self.cycle_hooks:  # fleet operations (broker.ops.service); never stops the cycle
+                try:
+                    hook(self.clock.now())
+                except Exception:  # noqa: BLE001
+                    log.exception("cycle hook %r failed", hook)
             if report.busy or report.held:
                 log.debug("cycle %s", report)
             return report

@@ -17,7 +17,7 @@ except ImportError:  # pragma: no cover - only without the server extra
 
 
 def _build_app() -> typer.Typer:
-    from broker.cli import catalog, edge, place, policies, providers, report, service
+    from broker.cli import catalog, edge, ops, place, policies, providers, report, service
 
     app = typer.Typer(
         name="broker",
@@ -43,6 +43,7 @@ def _build_app() -> typer.Typer:
     policies.register(app)
     edge.register(app)
     report.register(app)
+    ops.register(app)
     return app
 
 

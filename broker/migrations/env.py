@@ -10,7 +10,7 @@ from alembic import context
 from sqlmodel import SQLModel
 
 # Every module that declares tables, so that the metadata matches the migrations.
-for _module in ("broker.store", "broker.devices", "broker.decisions", "broker.policy_store"):
+for _module in ("broker.store", "broker.devices", "broker.decisions", "broker.policy_store", "broker.ops.store"):
     importlib.import_module(_module)
 
 target_metadata = SQLModel.metadata

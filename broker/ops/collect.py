@@ -1,0 +1,141 @@
+"""The fleet collector: once per scheduler cycle it reads what runs (the store, the on-prem pool, the edge
+devices), sets the Prometheus gauges of :class:`broker.metrics.Metrics` and, at most every
+``interval_seconds`` of the app's clock, keeps the same values as samples in the store for history,
+alerts, forecasts and planning.
+
+Every sample carries its place in the topology as labels (``provider``, ``region``, ``site``, ``host`` or
+``device``), which is what :mod:`broker.ops.topology` groups alerts by.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from broker.model import JobState
+from broker.ops.samples import Sample, record
+from broker.store import JobRow, utc
+
+__all__ = ["Collector", "fleet_samples"]
+
+_jobs = JobRow.__table__  # type: ignore[attr-defined]
+
+
+def _hourly(placement_json: str | None) -> float:
+    try:
+        return float(json.loads(placement_json or "{}").get("hourly_usd", 0.0))
+    except (ValueError, TypeError, AttributeError):
+        return 0.0
+
+
+def fleet_samples(state: Any, now: datetime) -> list[Sample]:
+    """What the fleet looks like now, as samples (see the module docstring for the label scheme)."""
+    out: list[Sample] = []
+    pool = state.providers.get("onprem")
+    if pool is not None and hasattr(pool, "free"):
+        free = pool.free()
+        for h in getattr(pool, "_hosts", []):
+            f = free.get(h.name)
+            if f is None:
+                continue
+            labels = {"scope": "host", "provider": "onprem", "region": h.site, "host": h.name}
+            for resource, cap, left in (("cpu", h.vcpus, f["vcpus"]), ("memory", h.memory_gib, f["memory_gib"]),
+                                        ("gpu", h.gpus, f["gpus"])):
+                if cap > 0:
+                    out.append(Sample("utilization", {**labels, "resource": resource},
+                                      min(1.0, max(0.0, 1.0 - left / cap)), now))
+    with state.store.read() as session:
+        by_state = session.execute(
+            sa.select(_jobs.c.namespace, _jobs.c.state, sa.func.count(), sa.func.min(_jobs.c.created_at))
+            .group_by(_jobs.c.namespace, _jobs.c.state)
+        ).all()
+        running = session.execute(
+            sa.select(_jobs.c.namespace, _jobs.c.provider, _jobs.c.region, _jobs.c.placement_json,
+                      _jobs.c.spec_json)
+            .where(_jobs.c.state == JobState.RUNNING.value)
+        ).all()
+        devices: list[Any] = []
+        try:
+            from broker.devices import EdgeDeviceRow
+
+            dev = EdgeDeviceRow.__table__  # type: ignore[attr-defined]
+            devices = session.execute(
+                sa.select(dev.c.id, dev.c.namespace, dev.c.latency_ms, dev.c.online)
+                .where(dev.c.revoked_at.is_(None))
+            ).all()
+        except (ImportError, sa.exc.SQLAlchemyError):  # pragma: no cover - edge tables missing
+            devices = []
+    pending: dict[str, tuple[int, datetime | None]] = {}
+    for ns, st, n, oldest in by_state:
+        out.append(Sample("jobs", {"namespace": ns, "state": st}, float(n), now))
+        if st == JobState.PENDING.value:
+            pending[ns] = (int(n), utc(oldest) if oldest is not None else None)
+    for ns, (n, oldest) in pending.items():
+        out.append(Sample("queue_length", {"namespace": ns}, float(n), now))
+        wait = max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0
+        out.append(Sample("queue_wait_seconds", {"namespace": ns}, wait, now))
+    burn: dict[tuple[str, str], float] = defaultdict(float)
+    for r in running:
+        nodes = 1
+        try:
+            nodes = int(json.loads(r.spec_json).get("spec", {}).get("nodes", 1) or 1)
+        except (ValueError, TypeError, AttributeError):
+            nodes = 1
+        burn[(r.namespace, r.provider or "")] += _hourly(r.placement_json) * nodes
+    for (ns, provider), usd in burn.items():
+        out.append(Sample("spend_usd_per_hour", {"namespace": ns, "provider": provider}, usd, now))
+    for d in devices:
+        if d.latency_ms is not None:
+            out.append(Sample("edge_link_latency_seconds",
+                              {"scope": "device", "provider": "edge", "region": d.namespace, "device": d.id},
+                              float(d.latency_ms) / 1000.0, now))
+    return out
+
+
+class Collector:
+    """Sets the gauges every cycle and stores samples every ``interval_seconds`` (see the module docstring).
+
+    ``extra`` are more sample sources (the pool autoscaler adds its pools' utilization)."""
+
+    def __init__(self, state: Any, *, interval_seconds: float = 60.0) -> None:
+        self.state = state
+        self.interval_seconds = interval_seconds
+        self.extra: list[Any] = []
+        self._last: datetime | None = None
+
+    def __call__(self, now: datetime | None = None) -> list[Sample]:
+        now = now or self.state.clock.now()
+        samples = fleet_samples(self.state, now)
+        for source in self.extra:
+            samples.extend(source(now))
+        self._export(samples)
+        if self._last is None or (now - self._last).total_seconds() >= self.interval_seconds:
+            with self.state.store.tx() as session:
+                record(session, samples)
+            self._last = now
+        return samples
+
+    def _export(self, samples: list[Sample]) -> None:
+        m = self.state.metrics
+        m.queue_length.clear()
+        m.queue_wait_oldest.clear()
+        m.spend_burn.clear()
+        for s in samples:
+            lb = s.labels
+            if s.name == "utilization":
+                name = lb.get("host") or lb.get("device") or lb.get("pool") or ""
+                m.utilization.labels(lb.get("scope", ""), name, lb.get("resource", "")).set(s.value)
+            elif s.name == "queue_length":
+                m.queue_length.labels(lb["namespace"]).set(s.value)
+            elif s.name == "queue_wait_seconds":
+                m.queue_wait_oldest.labels(lb["namespace"]).set(s.value)
+            elif s.name == "spend_usd_per_hour":
+                m.spend_burn.labels(lb["namespace"], lb["provider"]).set(s.value)
+            elif s.name == "edge_link_latency_seconds":
+                m.edge_link_latency.labels(lb["device"]).set(s.value)
+            elif s.name == "pool_replicas":
+                m.pool_replicas.labels(lb["pool"], lb.get("kind", "current")).set(s.value)
