@@ -1,7 +1,7 @@
 """Scheduler leadership: the fencing token of each leader's term (issue 17, ``broker.leader``).
 
 Revision ID: 0006_issue17_leader
-Revises: 0005_queues
+Revises: 0006_issue14_ops (chained at merge)
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0006_issue17_leader"
-down_revision = "0005_queues"
+down_revision = "0006_issue14_ops"
 branch_labels = None
 depends_on = None
 
