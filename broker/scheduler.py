@@ -479,6 +479,7 @@ class Scheduler:
             t0 = time.perf_counter()
             report.requeued = self._requeue(self.clock.now())
             self._timed(report, "7-requeue", t0)
+            self._sweep(self.clock.now())  # orphans of no active job (providers/sweeper.py), when due
             if report.busy or report.held:
                 log.debug("cycle %s", report)
             return report
@@ -1423,6 +1424,20 @@ class Scheduler:
             apply_transitions(session, transitions, now=now)
         self._count(transitions)
         return len(transitions)
+
+    def _sweep(self, now: datetime) -> None:
+        from providers.sweeper import Sweeper
+
+        if not hasattr(self, "sweeper"):
+            self.sweeper = Sweeper.from_env()
+        if not self.sweeper.due(now):
+            return
+
+        def active() -> list[str]:
+            with self.store.read() as session:
+                return list(session.execute(sa.select(_jobs.c.id).where(_jobs.c.state.in_(ACTIVE_STATES))).scalars())
+
+        self.sweeper.maybe_run(self.state.providers, active, now)
 
     # ------------------------------------------------------------------------------ reconciliation
 

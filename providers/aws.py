@@ -494,6 +494,43 @@ class AwsProvider:
                             self._terminated.add(str(node.id))
                         drv.destroy_node(node)
 
+    def orphans(self, active_jobs: set[str]) -> list[Any]:
+        """Unattached EBS volumes, ENIs and Elastic IPs tagged ``hb-request`` whose job is not active."""
+
+        flt = [{"Name": "tag-key", "Values": [TAG_REQUEST]}]
+        out = []
+        for region in self.regions:
+            ec2 = self._ec2(region)
+            with map_errors(self.name, region):
+                for v in ec2.describe_volumes(Filters=[*flt, {"Name": "status", "Values": ["available"]}])["Volumes"]:
+                    out.append(self._orphan(region, "volume", v["VolumeId"], v.get("Tags")))
+                for n in ec2.describe_network_interfaces(
+                        Filters=[*flt, {"Name": "status", "Values": ["available"]}])["NetworkInterfaces"]:
+                    out.append(self._orphan(region, "nic", n["NetworkInterfaceId"], n.get("TagSet")))
+                for a in ec2.describe_addresses(Filters=flt)["Addresses"]:
+                    if not a.get("AssociationId"):
+                        out.append(self._orphan(region, "address", a["AllocationId"], a.get("Tags")))
+        return [o for o in out if o.job not in active_jobs]
+
+    @staticmethod
+    def _orphan(region: str, kind: str, ident: str, tags: Any) -> Any:
+        from .sweeper import Orphan
+
+        t = {x["Key"]: x["Value"] for x in tags or []}
+        return Orphan("aws", kind, f"{region}/{ident}", t.get("hb-job", ""), t.get(TAG_REQUEST, ""))
+
+    def delete_orphans(self, items: Sequence[Any]) -> None:
+        for o in items:
+            region, _, ident = str(o.id).partition("/")
+            ec2 = self._ec2(region)
+            with map_errors(self.name, region):
+                if o.kind == "volume":
+                    ec2.delete_volume(VolumeId=ident)
+                elif o.kind == "nic":
+                    ec2.delete_network_interface(NetworkInterfaceId=ident)
+                elif o.kind == "address":
+                    ec2.release_address(AllocationId=ident)
+
     def poll_errors(self) -> list[ProviderError]:
         with self._lock:
             out, self._errors = self._errors, []

@@ -34,7 +34,7 @@ from azure.mgmt.compute import ComputeManagementClient
 from broker.errors import AuthError, CapacityError, ProviderError
 from broker.model import Capacity, Instance, InstanceState, InstanceType, JobSpec, Location, Offer, Provenance
 
-from .base import TAG_REQUEST, Capability, launch_tags, matches_tags, require_count
+from .base import TAG_JOB, TAG_REQUEST, Capability, launch_tags, matches_tags, require_count
 from .bootstrap import Report, job_script, parse_report, runtime_limit_seconds
 from .errors import map_errors
 
@@ -120,12 +120,13 @@ def power_state(vm: Any) -> str:
 
 
 def _ssh_public_key() -> str:
-    """A fresh RSA public key in OpenSSH form, for VMs nobody logs in to: Azure requires a key or a password
-    for the admin account; the private half is never kept (jobs report through the serial console)."""
+    """A fresh Ed25519 public key in OpenSSH form (Azure takes Ed25519 for Linux VMs), for VMs nobody logs
+    in to: Azure requires a key or a password for the admin account; the private half is never kept (jobs
+    report through the serial console)."""
     from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.hazmat.primitives.asymmetric import ed25519
 
-    key = rsa.generate_private_key(public_exponent=65537, key_size=3072)
+    key = ed25519.Ed25519PrivateKey.generate()
     return key.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                          serialization.PublicFormat.OpenSSH).decode() + " hybrid-broker"
 
@@ -526,6 +527,41 @@ class AzureProvider:
                 except ResourceNotFoundError:
                     continue
         self._delete_nics([f"{name}-nic" for name in ids], request_id)
+
+    def orphans(self, active_jobs: set[str]) -> list[Any]:
+        """NICs tagged ``hb-request`` attached to no VM, and unattached OS disks of ``hb-`` VMs that are gone,
+        whose job is not active."""
+        from .sweeper import Orphan
+
+        with self._client() as c:
+            vm_names = {str(vm.name).lower() for vm in c.virtual_machines.list(self.resource_group)}
+            disks = list(c.disks.list_by_resource_group(self.resource_group))
+        with self._network() as net:
+            nics = list(net.network_interfaces.list(self.resource_group))
+        out = []
+        for nic in nics:
+            tags = dict(nic.tags or {})
+            props = getattr(nic, "properties", None)
+            attached = getattr(props, "virtual_machine", None) or getattr(nic, "virtual_machine", None)
+            if TAG_REQUEST in tags and not attached and tags.get(TAG_JOB) not in active_jobs:
+                out.append(Orphan("azure", "nic", str(nic.name), tags.get(TAG_JOB, ""), tags[TAG_REQUEST]))
+        for disk in disks:
+            name = str(disk.name)
+            owner = getattr(disk, "managed_by", None) or getattr(getattr(disk, "properties", None), "managed_by", None)
+            vm = name.split("_OsDisk")[0]
+            if name.startswith("hb-") and "_OsDisk" in name and not owner and vm.lower() not in vm_names:
+                out.append(Orphan("azure", "disk", name))
+        return out
+
+    def delete_orphans(self, items: Sequence[Any]) -> None:
+        self._delete_nics([o.id for o in items if o.kind == "nic"], "sweeper")
+        with self._client(None, "sweeper") as c:
+            for o in items:
+                if o.kind == "disk":
+                    try:
+                        c.disks.begin_delete(self.resource_group, o.id).result()
+                    except ResourceNotFoundError:
+                        continue
 
     def poll_errors(self) -> list[ProviderError]:
         with self._lock:

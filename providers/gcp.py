@@ -48,7 +48,7 @@ from libcloud.compute.drivers.gce import GCEConnection, GCENodeDriver
 from broker.errors import AuthError, CapacityError, InvalidRequestError, ProviderError
 from broker.model import Capacity, Instance, InstanceState, InstanceType, JobSpec, Location, Offer, Provenance
 
-from .base import TAG_REQUEST, Capability, launch_tags, matches_tags, require_count
+from .base import TAG_JOB, TAG_REQUEST, Capability, launch_tags, matches_tags, require_count
 from .bootstrap import Report, job_script, parse_report, runtime_limit_seconds
 from .errors import map_errors
 
@@ -778,6 +778,34 @@ class GcpProvider:
                 try:
                     node = drv.ex_get_node(name, zone)
                     drv.destroy_node(node)
+                except ResourceNotFoundError:
+                    continue
+
+    def orphans(self, active_jobs: set[str]) -> list[Any]:
+        """Boot disks labelled ``hb-request`` that no instance uses and whose job is not active (a VM deleted
+        without its disk, a disk whose instance insert failed)."""
+        from .sweeper import Orphan
+
+        active = {gce_label(j) for j in active_jobs}
+        out = []
+        with map_errors(self.name):
+            for page in self._pages("/aggregated/disks", {"filter": f"(labels.{TAG_REQUEST}:*)"}):
+                for scoped in (page.get("items") or {}).values():
+                    for d in scoped.get("disks") or []:
+                        labels = d.get("labels") or {}
+                        if d.get("users") or TAG_REQUEST not in labels or labels.get(TAG_JOB) in active:
+                            continue
+                        out.append(Orphan("gcp", "disk", f"{_last(d.get('zone'))}/{d['name']}",
+                                          labels.get(TAG_JOB, ""), labels.get(TAG_REQUEST, "")))
+        return out
+
+    def delete_orphans(self, items: Sequence[Any]) -> None:
+        drv = self._driver()
+        for o in items:
+            zone, _, name = str(o.id).rpartition("/")
+            with map_errors(self.name, _region_of_zone(zone)):
+                try:
+                    drv.connection.async_request(f"/zones/{zone}/disks/{name}", method="DELETE")
                 except ResourceNotFoundError:
                     continue
 

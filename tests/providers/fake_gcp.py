@@ -351,7 +351,7 @@ def make_app(project: str = "demo-proj", page_cap: int = 2, sku_page_cap: int = 
                                                                                             or 10),
             "zone": f"{link}/zones/{zone}", "status": "READY", "sourceImage": init.get("sourceImage"),
             "type": f"{link}/zones/{zone}/diskTypes/pd-balanced", "users": [inst_link], "selfLink": disk_link,
-            "creationTimestamp": _now(),
+            "creationTimestamp": _now(), "labels": init.get("labels") or {},
         }
         asked = body["networkInterfaces"][0]
         nic = {"kind": "compute#networkInterface", "name": "nic0",
@@ -498,10 +498,26 @@ def make_app(project: str = "demo-proj", page_cap: int = 2, sku_page_cap: int = 
                                            "not found")
         return JSONResponse(disk)
 
+    @app.delete(f"{root}/zones/{{zone}}/disks/{{name}}")
+    def delete_disk(zone: str, name: str) -> Response:
+        disk = disks.get((zone, name))
+        if disk is None:
+            return _error(404, "notFound", f"The resource 'projects/{project}/zones/{zone}/disks/{name}' was "
+                                           "not found")
+        if disk.get("users"):
+            return _error(400, "resourceInUseByAnotherResource", f"The disk resource '{disk['selfLink']}' is "
+                          f"already being used by '{disk['users'][0]}'")
+        return JSONResponse(new_op(zone, "delete", disk["selfLink"], lambda: disks.pop((zone, name), None)))
+
     @app.get(f"{root}/aggregated/disks")
-    def aggregated_disks() -> dict[str, Any]:
+    def aggregated_disks(request: Request) -> dict[str, Any]:
+        flt = request.query_params.get("filter", "")
+        wanted = [(m.group(1), m.group(2)) for m in _CLAUSE.finditer(flt)]
         items: dict[str, Any] = {}
         for (z, _), d in sorted(disks.items()):
+            labels = d.get("labels") or {}
+            if not all((k in labels) if v is None else labels.get(k) == v for k, v in wanted):
+                continue
             items.setdefault(f"zones/{z}", {"disks": []})["disks"].append(d)
         return {"kind": "compute#diskAggregatedList", "items": items}
 
