@@ -11,7 +11,9 @@ and the public Azure Retail Prices API over httpx for prices.
   tagged with the launch tags; instance ids are VM names within ``resource_group``.
 
 Credentials: an explicit ``credential``, else ``ClientSecretCredential`` from ``AZURE_CLIENT_ID``/
-``AZURE_TENANT_ID``/``AZURE_CLIENT_SECRET``, else ``DefaultAzureCredential``. SDK retries are off
+``AZURE_TENANT_ID``/``AZURE_CLIENT_SECRET``, else a managed identity (``ManagedIdentityCredential``, user-assigned
+when ``AZURE_CLIENT_ID`` is set) where the platform exposes one (``IDENTITY_ENDPOINT``/``MSI_ENDPOINT``) or
+``BROKER_AZURE_MANAGED_IDENTITY=true`` says so (VMs), else ``DefaultAzureCredential``. SDK retries are off
 (``retry_total=0``): :mod:`providers.failover` owns backoff, so every 429 is seen and recorded.
 """
 
@@ -200,6 +202,12 @@ class AzureProvider:
                 self._credential = ClientSecretCredential(
                     env["AZURE_TENANT_ID"], env["AZURE_CLIENT_ID"], env["AZURE_CLIENT_SECRET"]
                 )
+            elif (env.get("IDENTITY_ENDPOINT") or env.get("MSI_ENDPOINT")
+                  or env.get("BROKER_AZURE_MANAGED_IDENTITY", "").lower() in ("1", "true", "yes")):
+                from azure.identity import ManagedIdentityCredential
+
+                # user-assigned when AZURE_CLIENT_ID names it (the terraform module's identity), else system
+                self._credential = ManagedIdentityCredential(client_id=env.get("AZURE_CLIENT_ID") or None)
             else:
                 self._credential = DefaultAzureCredential()
         return self._credential

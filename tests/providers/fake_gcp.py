@@ -219,9 +219,26 @@ def make_app(project: str = "demo-proj", page_cap: int = 2, sku_page_cap: int = 
     root = f"/compute/v1/projects/{project}"
     link = f"{BASE}/{project}"
 
+    app.state.bearers = set()  # access tokens seen on Compute calls
+    app.state.issued = []  # access tokens the OAuth2 token endpoint handed out
+
+    @app.post("/token")
+    async def token(request: Request) -> Response:
+        """Google's OAuth2 token endpoint (RFC 6749) for ADC refresh: a refresh_token grant only."""
+        form = dict(await request.form())
+        if form.get("grant_type") != "refresh_token" or not form.get("refresh_token"):
+            return JSONResponse({"error": "invalid_grant", "error_description": "Bad Request"}, status_code=400)
+        tok = f"ya29.adc-{uuid.uuid4().hex[:12]}"
+        app.state.issued.append(tok)
+        return JSONResponse({"access_token": tok, "expires_in": 3599, "token_type": "Bearer",
+                             "scope": "https://www.googleapis.com/auth/cloud-platform"})
+
     @app.middleware("http")
     async def record(request: Request, call_next: Any) -> Response:
         app.state.requests.append((request.method, request.url.path))
+        auth = request.headers.get("authorization", "")
+        if request.url.path.startswith("/compute/") and auth.startswith("Bearer "):
+            app.state.bearers.add(auth.removeprefix("Bearer "))
         if request.url.path.startswith("/compute/") and not request.headers.get("authorization", "").startswith(
                 "Bearer "):
             return _error(401, "required", "Login Required.")

@@ -9,6 +9,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import boto3
@@ -279,3 +280,28 @@ def test_an_ended_vm_without_the_marker_is_terminated_and_asked_only_once(
         [inst] = aws.instances({TAG_JOB: job_id})
         assert (inst.state, inst.exit_code) == (InstanceState.TERMINATED, None)
     assert _console_calls(ec2_faults, iid) == 1
+
+
+def test_rotating_credentials_reach_libcloud_without_a_restart() -> None:
+    """Instance/task roles and SSO hand out keys that expire: boto3 refreshes them and the adapter's Libcloud
+    driver is rebuilt with the new keys, instead of signing with the first frozen copy forever."""
+    from datetime import timedelta
+
+    from botocore.credentials import RefreshableCredentials
+
+    issued = iter(range(1, 100))
+
+    def refresh() -> dict[str, str]:
+        n = next(issued)
+        return {"access_key": f"AKIA{n:04d}", "secret_key": f"s{n}", "token": f"t{n}",
+                "expiry_time": (datetime.now(UTC) + timedelta(hours=1)).isoformat()}
+
+    aws = AwsProvider([REGION], endpoint_url="http://127.0.0.1:9", access_key="x", secret_key="y")
+    creds = RefreshableCredentials.create_from_metadata(refresh(), refresh, "test-role")
+    aws._session._session._credentials = creds  # what boto3 builds for a role, SSO or assumed role
+    first = aws._driver(REGION)
+    assert first.key == "AKIA0001"
+    assert aws._driver(REGION) is first  # same keys: the same driver
+    creds._expiry_time = datetime.now(UTC) - timedelta(seconds=1)  # the role's keys expired
+    again = aws._driver(REGION)
+    assert again is not first and (again.key, again.secret) == ("AKIA0002", "s2")
