@@ -300,6 +300,7 @@ def _option_json(option: PlacementOption) -> str:
     d = option.to_dict()
     d["site"] = option.site
     d["finish_hours"] = option.finish_hours
+    d["arch"] = option.arch
     return json.dumps(d)
 
 

@@ -58,6 +58,7 @@ from .bootstrap import (
     runtime_limit_seconds,
 )
 from .errors import map_errors
+from .images import AWS_IMAGE_NAMES, image_key, pick
 
 __all__ = [
     "AwsProvider",
@@ -211,8 +212,10 @@ class AwsProvider:
         image_id: str | None = None,
         spot: bool = True,
         max_runtime_hours: float | None = None,
+        images: Mapping[str, str] | None = None,
     ) -> None:
         self.regions = list(regions)
+        self.images = dict(images or {})
         self.endpoint_url = endpoint_url
         self.price_list_url = price_list_url or DEFAULT_PRICE_LIST_URL
         self.image_id = image_id
@@ -339,23 +342,30 @@ class AwsProvider:
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 
-    def _image(self, region: str, arch: str) -> str:
+    def _image(self, region: str, shape: InstanceType) -> str:
+        """``image_id`` when set, else the newest Amazon image of the shape's kind (:mod:`providers.images`):
+        Amazon Linux 2023 for its architecture, the Deep Learning Base GPU AMI for GPU types."""
         if self.image_id:
             return self.image_id
-        key = (region, arch)
+        key = (region, image_key(shape))
         if key not in self._images:
-            aws_arch = "arm64" if arch == "arm64" else "x86_64"
+            pattern = str(pick("aws", shape, AWS_IMAGE_NAMES, self.images, region=region))
+            if pattern.startswith("ami-"):
+                self._images[key] = pattern
+                return pattern
+            aws_arch = "arm64" if shape.arch == "arm64" else "x86_64"
             with map_errors(self.name, region):
                 imgs = self._ec2(region).describe_images(
                     Owners=["amazon"],
                     Filters=[
-                        {"Name": "name", "Values": [f"al2023-ami-2023*-{aws_arch}"]},
+                        {"Name": "name", "Values": [pattern]},
                         {"Name": "architecture", "Values": [aws_arch]},
                     ],
                 )["Images"]
             if not imgs:
                 raise InvalidRequestError(
-                    f"aws:{region}: no Amazon Linux 2023 image for {aws_arch}. To fix: pass image_id.",
+                    f"aws:{region}: no Amazon image matches {pattern!r} for {aws_arch}. To fix: pass image_id or "
+                    f"images={{'{key[1]}': 'ami-...'}}.",
                     provider="aws", region=region,
                 )
             self._images[key] = max(imgs, key=lambda i: (i.get("CreationDate", ""), i["ImageId"]))["ImageId"]
@@ -415,7 +425,7 @@ class AwsProvider:
             return [self._to_instance(n, region) for n in existing]
         drv = self._driver(region)
         all_tags = launch_tags(tags, request_id)
-        image = self._image(region, offer.instance_type.arch)
+        image = self._image(region, offer.instance_type)
         # with a command, the VM runs the job, reports its exit code on the console and powers off
         userdata = None
         if job is not None and job.command:

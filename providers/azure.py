@@ -39,6 +39,7 @@ from broker.model import Capacity, Instance, InstanceState, InstanceType, JobSpe
 from .base import TAG_JOB, TAG_REQUEST, Capability, launch_tags, matches_tags, require_count
 from .bootstrap import Report, job_script, parse_report, runtime_limit_seconds
 from .errors import map_errors
+from .images import AZURE_IMAGES, pick
 
 __all__ = ["AzureProvider", "parse_retail_prices", "DEFAULT_PRICES_URL", "accelerator_of", "power_state",
            "CUSTOM_DATA_MAX_BYTES", "VNET_PREFIX", "SUBNET_PREFIX"]
@@ -164,6 +165,7 @@ class AzureProvider:
         admin_username: str = "hb",
         ssh_public_key: str | None = None,
         max_runtime_hours: float | None = None,
+        images: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         sub = subscription_id or os.environ.get("AZURE_SUBSCRIPTION_ID")
         if not sub:
@@ -179,7 +181,8 @@ class AzureProvider:
         self.connection_verify = connection_verify
         self.prices_url = prices_url
         self.subnet_id = subnet_id
-        self.image = dict(image or DEFAULT_IMAGE)
+        self.image = dict(image) if image else None  # one image for every VM; else by arch/GPU (images)
+        self.images = dict(images or {})
         self.admin_username = admin_username
         self.ssh_public_key = ssh_public_key
         self.max_runtime_hours = max_runtime_hours
@@ -381,7 +384,8 @@ class AzureProvider:
         props: dict[str, Any] = {
             "hardwareProfile": {"vmSize": offer.instance_type.name},
             "storageProfile": {
-                "imageReference": self.image,
+                "imageReference": self.image or dict(pick("azure", offer.instance_type, AZURE_IMAGES, self.images,
+                                                          region=offer.region)),
                 "osDisk": {"createOption": "FromImage", "deleteOption": "Delete",
                            "managedDisk": {"storageAccountType": "StandardSSD_LRS"}},
             },

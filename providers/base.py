@@ -181,6 +181,7 @@ def offer_from_option(option: PlacementOption) -> Offer:
             memory_gib=option.memory_gib,
             gpus=option.gpus,
             accelerator=option.accelerator,
+            arch=getattr(option, "arch", "amd64") or "amd64",
         ),
         location=Location(option.provider, option.region, option.zone, site),
         capacity=capacity,

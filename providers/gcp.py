@@ -54,6 +54,7 @@ from broker.model import Capacity, Instance, InstanceState, InstanceType, JobSpe
 from .base import TAG_JOB, TAG_REQUEST, Capability, launch_tags, matches_tags, require_count
 from .bootstrap import Report, job_script, parse_report, runtime_limit_seconds
 from .errors import map_errors
+from .images import GCP_IMAGES, pick
 
 __all__ = [
     "GcpProvider",
@@ -399,7 +400,7 @@ class GcpProvider:
         billing_url: str = DEFAULT_BILLING_URL,
         ca_bundle: str | None = None,
         token_cache: str | None = None,
-        image: str = DEFAULT_IMAGE,
+        image: str | None = None,
         network: str = "default",
         disk_gb: int = 20,
         poll_interval_seconds: float = 2.0,
@@ -407,6 +408,7 @@ class GcpProvider:
         external_ip: bool = True,
         max_runtime_hours: float | None = None,
         credentials: Any = None,
+        images: Mapping[str, str] | None = None,
     ) -> None:
         path = credentials_file or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
         key: dict[str, Any] = {}
@@ -452,7 +454,8 @@ class GcpProvider:
         self.billing_url = billing_url.rstrip("/")
         self.ca_bundle = ca_bundle
         self.token_cache = token_cache
-        self.image = image
+        self.image = image  # one image for every instance; else by arch/GPU (images, providers/images.py)
+        self.images = dict(images or {})
         self.network = network
         self.disk_gb = disk_gb
         self.subnetwork = subnetwork
@@ -634,6 +637,9 @@ class GcpProvider:
         SPOT``, stopped on preemption so the broker sees it and deletes it), not a legacy preemptible VM."""
         host, model, n = split_gpu_type(offer.instance_type.name)
         items = [{"key": TAGS_METADATA_KEY, "value": json.dumps(dict(tags), sort_keys=True)}]
+        image = self.image or str(pick("gcp", offer.instance_type, GCP_IMAGES, self.images, region=offer.region))
+        if offer.instance_type.gpus and "deeplearning-platform-release" in image:
+            items.append({"key": "install-nvidia-driver", "value": "True"})  # DLVM installs it at first boot
         scheduling: dict[str, Any] = {"provisioningModel": "STANDARD", "automaticRestart": True,
                                       "onHostMaintenance": "MIGRATE"}
         if offer.capacity is Capacity.SPOT:
@@ -660,7 +666,7 @@ class GcpProvider:
                        "deviceName": name,
                        "initializeParams": {"diskName": name, "diskSizeGb": str(self.disk_gb),
                                             "diskType": f"zones/{zone}/diskTypes/pd-balanced",
-                                            "sourceImage": self.image, "labels": gce_labels(tags)}}],
+                                            "sourceImage": image, "labels": gce_labels(tags)}}],
             "networkInterfaces": [nic],
             "scheduling": scheduling,
         }

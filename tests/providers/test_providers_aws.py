@@ -125,7 +125,9 @@ def test_gives_up_after_the_backoff_limit_and_leaves_nothing(aws: AwsProvider, e
     ec2_faults.add(ec2_action("RunInstances"), ec2_error("RequestLimitExceeded", status=503), times=-1)
     out, req, clock = _provision(aws, [US, EU], retry=RetryPolicy(2, 1, 4))
     assert isinstance(out.error, TransientError) and out.error.code == "RequestLimitExceeded"
-    assert len(clock.sleeps) == 2 and live_in_moto(moto_endpoint, req) == []
+    # the backoff limit is per option: both regions got their retries before the call gave up
+    assert [a.region for a in out.attempts] == [US.region] * 3 + [EU.region] * 3
+    assert len(clock.sleeps) == 4 and live_in_moto(moto_endpoint, req) == []
 
 
 def test_auth_failure_stops_at_once(aws: AwsProvider, ec2_faults: FaultProxy) -> None:
