@@ -35,7 +35,7 @@ import httpx
 from libcloud.compute.base import Node, NodeImage, NodeSize
 from libcloud.compute.drivers.ec2 import EC2Connection, EC2NodeDriver, EC2Response
 
-from broker.errors import CatalogError, InvalidRequestError, ProviderError
+from broker.errors import CapacityError, CatalogError, InvalidRequestError, ProviderError
 from broker.model import (
     Capacity,
     Instance,
@@ -55,7 +55,7 @@ from .bootstrap import (
     job_script,
     parse_exit_code,
     parse_report,
-    runtime_limit_seconds,
+    script_for,
 )
 from .errors import map_errors
 from .images import AWS_IMAGE_NAMES, image_key, pick
@@ -307,6 +307,7 @@ class AwsProvider:
                 for raw in resp["InstanceTypes"]:
                     shapes[raw["InstanceType"]] = _to_instance_type(raw)
             spot: dict[str, float] = {}
+            spot_zone: dict[str, str | None] = {}  # the zone of the cheapest price: a spot launch goes there
             if self.spot and wanted:
                 for page in ec2.get_paginator("describe_spot_price_history").paginate(
                     InstanceTypes=wanted,
@@ -316,7 +317,9 @@ class AwsProvider:
                     for row in page["SpotPriceHistory"]:
                         usd = float(row["SpotPrice"])
                         t = row["InstanceType"]
-                        spot[t] = min(usd, spot.get(t, usd))
+                        if usd < spot.get(t, float("inf")):
+                            spot[t] = usd
+                            spot_zone[t] = row.get("AvailabilityZone")
         loc = Location("aws", region, None, continent=CONTINENT.get(region.split("-")[0], ""))
         offers = [Offer(shapes[t], loc, Capacity.ON_DEMAND, prices[t], "aws-price-list") for t in sorted(shapes)]
         outliers = 0
@@ -326,7 +329,8 @@ class AwsProvider:
             if not (SPOT_OUTLIER_LOW * prices[t] <= usd <= prices[t]):
                 outliers += 1
                 continue
-            offers.append(Offer(shapes[t], loc, Capacity.SPOT, usd, "aws-spot-price-history"))
+            zoned = dataclasses.replace(loc, zone=spot_zone.get(t)) if spot_zone.get(t) else loc
+            offers.append(Offer(shapes[t], zoned, Capacity.SPOT, usd, "aws-spot-price-history"))
         self.last_provenance.append(
             Provenance(
                 source=f"aws:{self.price_list_url.format(region=region)}",
@@ -429,8 +433,8 @@ class AwsProvider:
         # with a command, the VM runs the job, reports its exit code on the console and powers off
         userdata = None
         if job is not None and job.command:
-            userdata = completion_script(job.command, job.env, job.workdir,
-                                         runtime_limit_seconds=runtime_limit_seconds(job, self.max_runtime_hours))
+            userdata = script_for(job, "aws", max_bytes=USER_DATA_MAX_BYTES, spot=offer.capacity is Capacity.SPOT,
+                                  max_runtime_hours=self.max_runtime_hours)
         with map_errors(self.name, region, request_id):
             location = None
             if offer.location.zone:
@@ -462,7 +466,10 @@ class AwsProvider:
             for node in self._nodes(region, tags):
                 inst = self._to_instance(node, region)
                 report = self._report(node, region)
-                if report.exit_code is not None:
+                if report.preempted:  # the 2-minute notice came: the job was stopped for it, not failed
+                    inst = dataclasses.replace(inst, state=InstanceState.TERMINATED)
+                    self._preempted(inst)
+                elif report.exit_code is not None:
                     state = InstanceState.SUCCEEDED if report.exit_code == 0 else InstanceState.FAILED
                     inst = dataclasses.replace(inst, state=state, exit_code=report.exit_code,
                                                log_tail=report.log_tail)
@@ -540,6 +547,17 @@ class AwsProvider:
                     ec2.delete_network_interface(NetworkInterfaceId=ident)
                 elif o.kind == "address":
                     ec2.release_address(AllocationId=ident)
+
+    def _preempted(self, inst: Instance) -> None:
+        with self._lock:
+            if inst.id in self._terminated:
+                return
+            self._terminated.add(inst.id)
+            self._errors.append(CapacityError(
+                f"aws:{inst.region}: spot instance {inst.id} got its interruption notice. To fix: nothing; the "
+                "broker places the job again (use on-demand capacity to avoid interruptions).",
+                provider="aws", region=inst.region, request_id=inst.tags.get(TAG_REQUEST), code="preempted",
+                retryable=True))
 
     def poll_errors(self) -> list[ProviderError]:
         with self._lock:

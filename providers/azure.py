@@ -37,7 +37,7 @@ from broker.errors import AuthError, CapacityError, ProviderError
 from broker.model import Capacity, Instance, InstanceState, InstanceType, JobSpec, Location, Offer, Provenance
 
 from .base import TAG_JOB, TAG_REQUEST, Capability, launch_tags, matches_tags, require_count
-from .bootstrap import Report, job_script, parse_report, runtime_limit_seconds
+from .bootstrap import Report, parse_report, script_for
 from .errors import map_errors
 from .images import AZURE_IMAGES, pick
 
@@ -377,9 +377,8 @@ class AzureProvider:
             },
         }
         if job is not None and job.command:
-            script = job_script(job.command, job.env, job.workdir, provider="azure",
-                                runtime_limit_seconds=runtime_limit_seconds(job, self.max_runtime_hours),
-                                max_bytes=CUSTOM_DATA_MAX_BYTES)
+            script = script_for(job, "azure", max_bytes=CUSTOM_DATA_MAX_BYTES, spot=offer.capacity is Capacity.SPOT,
+                                max_runtime_hours=self.max_runtime_hours)
             os_profile["customData"] = base64.b64encode(script.encode()).decode()
         props: dict[str, Any] = {
             "hardwareProfile": {"vmSize": offer.instance_type.name},
@@ -481,13 +480,13 @@ class AzureProvider:
                 props = getattr(vm, "properties", None)
                 priority = getattr(props, "priority", None) or getattr(vm, "priority", None)
                 spot = str(getattr(priority, "value", priority) or "").lower() == "spot"
-                if report.exit_code is not None:
+                if report.exit_code is not None and not report.preempted:
                     inst = dataclasses.replace(
                         inst, state=InstanceState.SUCCEEDED if report.exit_code == 0 else InstanceState.FAILED,
                         exit_code=report.exit_code, log_tail=report.log_tail)
                 else:
                     inst = dataclasses.replace(inst, state=InstanceState.TERMINATED)
-                    if spot:
+                    if spot or report.preempted:
                         self._evicted(inst)
             out.append(inst)
         return out

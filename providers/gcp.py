@@ -52,7 +52,7 @@ from broker.errors import AuthError, CapacityError, InvalidRequestError, Provide
 from broker.model import Capacity, Instance, InstanceState, InstanceType, JobSpec, Location, Offer, Provenance
 
 from .base import TAG_JOB, TAG_REQUEST, Capability, launch_tags, matches_tags, require_count
-from .bootstrap import Report, job_script, parse_report, runtime_limit_seconds
+from .bootstrap import Report, parse_report, runtime_limit_seconds, script_for
 from .errors import map_errors
 from .images import GCP_IMAGES, pick
 
@@ -649,9 +649,9 @@ class GcpProvider:
             scheduling["onHostMaintenance"] = "TERMINATE"  # GPUs cannot live-migrate
         if job is not None and job.command:
             limit = runtime_limit_seconds(job, self.max_runtime_hours)
-            items.append({"key": STARTUP_SCRIPT_KEY, "value": job_script(
-                job.command, job.env, job.workdir, runtime_limit_seconds=limit, provider="gcp",
-                max_bytes=METADATA_VALUE_MAX_BYTES)})
+            items.append({"key": STARTUP_SCRIPT_KEY, "value": script_for(
+                job, "gcp", max_bytes=METADATA_VALUE_MAX_BYTES, spot=offer.capacity is Capacity.SPOT,
+                max_runtime_hours=self.max_runtime_hours)})
             scheduling |= {"maxRunDuration": {"seconds": str(limit + 900)}, "instanceTerminationAction": "STOP"}
         nic: dict[str, Any] = ({"subnetwork": self.subnetwork} if self.subnetwork
                                else {"network": f"global/networks/{self.network}"})
@@ -773,10 +773,10 @@ class GcpProvider:
             spot = bool(sched.get("preemptible")) or sched.get("provisioningModel") == "SPOT"
             if inst.state is InstanceState.TERMINATED:
                 report = self._report(raw, inst)
-                if report.exit_code is not None:
+                if report.exit_code is not None and not report.preempted:
                     inst = replace(inst, state=InstanceState.SUCCEEDED if report.exit_code == 0
                                    else InstanceState.FAILED, exit_code=report.exit_code, log_tail=report.log_tail)
-                elif spot:
+                elif spot or report.preempted:
                     self._preempted(inst)
             out.append(inst)
         return out

@@ -216,6 +216,12 @@ def make_app(project: str = "demo-proj", page_cap: int = 2, sku_page_cap: int = 
         instances[(zone, name)]["status"] = "TERMINATED"
 
     app.state.preempt = preempt
+
+    def notice(zone: str, name: str) -> None:
+        """GCE announces the preemption (instance/preempted TRUE) ~30 s before it stops the Spot VM."""
+        guests[(zone, name)].notice()
+
+    app.state.notice = notice
     root = f"/compute/v1/projects/{project}"
     link = f"{BASE}/{project}"
 

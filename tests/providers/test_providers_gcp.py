@@ -613,3 +613,22 @@ def test_check_recognises_the_metadata_server_when_told(monkeypatch: pytest.Monk
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "p2")
     [gcp] = [c for c in registry.check() if c.name == "gcp"]
     assert gcp.usable and "metadata server" in gcp.credentials_source
+
+
+def test_a_preemption_notice_stops_the_spot_job_which_reports_it_and_is_placed_again(gcp: GcpProvider,
+                                                                                    gcp_fake) -> None:
+    req = new_request()
+    job = make_job("gce-notice", command=("sh", "-c", "trap 'echo checkpoint; exit 0' TERM; "
+                                                      "while :; do sleep 0.1; done"))
+    [inst] = gcp.launch(_job_offer(gcp, Capacity.SPOT), 1, req, tags={TAG_JOB: "gce-notice"}, job=job)
+    raw = gcp_fake.app.state.instances[tuple(inst.id.split("/"))]
+    script = next(i["value"] for i in raw["metadata"]["items"] if i["key"] == STARTUP_SCRIPT_KEY)
+    assert "instance/preempted" in script  # spot: the watcher is in the script the VM got
+    gcp.instances({TAG_REQUEST: req})  # the guest boots with the insert's operation
+    gcp_fake.app.state.notice(*inst.id.split("/"))
+    done = wait_done(gcp, req)
+    assert (done.state, done.exit_code) == (InstanceState.TERMINATED, None)  # not SUCCEEDED: it was cut short
+    [err] = gcp.poll_errors()
+    assert isinstance(err, CapacityError) and err.code == "preempted"
+    gcp.terminate([done.id], req)
+    assert live(gcp_fake, req) == []
