@@ -1324,7 +1324,7 @@ class Scheduler:
             running = list(session.execute(
                 sa.select(_jobs.c.id, _jobs.c.provider, _jobs.c.instances_json, _jobs.c.retries,
                           _jobs.c.spec_json, _jobs.c.created_at, _jobs.c.started_at, _jobs.c.namespace,
-                          _jobs.c.placement_json, _jobs.c.vcpus, _jobs.c.memory_gib, _jobs.c.gpus)
+                          _jobs.c.placement_json, _jobs.c.vcpus, _jobs.c.memory_gib, _jobs.c.gpus, _jobs.c.dry_run)
                 .where(_jobs.c.state == JobState.RUNNING.value)
             ))
         if self.edge is not None:
@@ -1360,7 +1360,14 @@ class Scheduler:
                 retry = RetryPolicy(backoff_limit=0)
             t: Transition | None = None
             tail = next((i.log_tail for i in insts if i is not None and i.log_tail), "")  # a cloud VM's output
-            if ids and not missing and states == {InstanceState.SUCCEEDED}:
+            if ids and not missing and states == {InstanceState.SUCCEEDED} and getattr(r, "dry_run", False):
+                # a dry-run job ends SUCCEEDED flagged as simulated (jobs.dry_run), its spend as simulated spend
+                t = Transition(r.id, JobState.RUNNING, JobState.SUCCEEDED,
+                               reason="simulated run ended [dry-run]: nothing was launched or billed",
+                               data={"dry_run": True, "simulated_usd": round(_run_cost(
+                                   r.placement_json, max(0.0, (now - started).total_seconds() / 3600.0), 1), 6)},
+                               fields={"finished_at": now, "exit_code": 0})
+            elif ids and not missing and states == {InstanceState.SUCCEEDED}:
                 t = Transition(r.id, JobState.RUNNING, JobState.SUCCEEDED, reason="all instances succeeded",
                                data={"exit_code": 0, "log_tail": tail} if tail else None,
                                fields={"finished_at": now, "exit_code": 0})

@@ -337,3 +337,23 @@ def test_a_command_job_is_refused_where_nothing_can_run_it(tmp_path: Path) -> No
     finally:
         b.close()
 
+
+
+def test_a_dry_run_job_ends_flagged_as_simulated(tmp_path: Path) -> None:
+    from broker.clock import ManualClock
+    from providers.dryrun import DryRunProvider
+
+    clock = ManualClock()
+    dry = DryRunProvider("azure", clock=clock)
+    cloud = Cloud("azure", dry, [offer("azure", "eastus", "Standard_D2s_v5", 0.096)], list, lambda i: None,
+                  lambda: None, step=lambda: clock.advance(3600))
+    b = Broker(tmp_path, cloud)
+    try:
+        job = b.submit("sim", ["python", "train.py"])
+        done = b.until(job, {"SUCCEEDED", "FAILED"})
+        assert done["state"] == "SUCCEEDED" and done["dry_run"] is True
+        end = done["events"][-1]
+        assert "simulated" in end["reason"] and end["data"]["dry_run"] is True
+        assert end["data"]["simulated_usd"] >= 0
+    finally:
+        b.close()
