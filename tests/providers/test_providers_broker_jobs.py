@@ -51,13 +51,15 @@ class Ec2Guests:
         self.ec2 = boto3.client("ec2", endpoint_url=moto_endpoint, region_name="us-east-1",
                                 aws_access_key_id="testing", aws_secret_access_key="testing")
         self.faults = faults
+        self.clients = {r: boto3.client("ec2", endpoint_url=moto_endpoint, region_name=r,
+                                        aws_access_key_id="testing", aws_secret_access_key="testing")
+                        for r in ("us-east-1", "us-west-2")}
         self.guests: dict[str, Guest] = {}
         self._lock = threading.Lock()
 
     def step(self) -> None:
         for region in ("us-east-1", "us-west-2"):
-            ec2 = boto3.client("ec2", endpoint_url=self.ec2.meta.endpoint_url, region_name=region,
-                               aws_access_key_id="testing", aws_secret_access_key="testing")
+            ec2 = self.clients[region]
             for res in ec2.describe_instances(Filters=[{"Name": "tag-key", "Values": [TAG_REQUEST]},
                                                        {"Name": "instance-state-name",
                                                         "Values": ["pending", "running"]}])["Reservations"]:
@@ -117,8 +119,7 @@ def aws_cloud(aws_proxy: FaultProxy, moto_endpoint: str) -> Iterator[Cloud]:
     def inventory() -> list[str]:
         out = []
         for region in ("us-east-1", "us-west-2"):
-            ec2 = boto3.client("ec2", endpoint_url=moto_endpoint, region_name=region,
-                               aws_access_key_id="testing", aws_secret_access_key="testing")
+            ec2 = guests.clients[region]
             for res in ec2.describe_instances(Filters=[{"Name": "tag-key", "Values": [TAG_REQUEST]}])["Reservations"]:
                 out += [i["InstanceId"] for i in res["Instances"] if i["State"]["Name"] not in ("terminated",)
                         and i["InstanceId"] in mine]
