@@ -35,7 +35,7 @@ import httpx
 from libcloud.compute.base import Node, NodeImage, NodeSize
 from libcloud.compute.drivers.ec2 import EC2Connection, EC2NodeDriver, EC2Response
 
-from broker.errors import CapacityError, CatalogError, InvalidRequestError, ProviderError
+from broker.errors import CatalogError, InvalidRequestError, ProviderError
 from broker.model import (
     Capacity,
     Instance,
@@ -47,7 +47,7 @@ from broker.model import (
     Provenance,
 )
 
-from .base import TAG_REQUEST, Capability, launch_tags, matches_tags
+from .base import TAG_REQUEST, Capability, launch_tags, matches_tags, reclaimed_error
 from .bootstrap import (
     CONSOLES,
     EXIT_CODE_MARKER,
@@ -550,14 +550,9 @@ class AwsProvider:
 
     def _preempted(self, inst: Instance) -> None:
         with self._lock:
-            if inst.id in self._terminated:
-                return
-            self._terminated.add(inst.id)
-            self._errors.append(CapacityError(
-                f"aws:{inst.region}: spot instance {inst.id} got its interruption notice. To fix: nothing; the "
-                "broker places the job again (use on-demand capacity to avoid interruptions).",
-                provider="aws", region=inst.region, request_id=inst.tags.get(TAG_REQUEST), code="preempted",
-                retryable=True))
+            if inst.id not in self._terminated:  # reported once
+                self._terminated.add(inst.id)
+                self._errors.append(reclaimed_error(inst, "got its interruption notice", "preempted"))
 
     def poll_errors(self) -> list[ProviderError]:
         with self._lock:

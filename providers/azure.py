@@ -33,10 +33,10 @@ import httpx
 from azure.core.exceptions import ResourceNotFoundError
 from azure.mgmt.compute import ComputeManagementClient
 
-from broker.errors import AuthError, CapacityError, ProviderError
+from broker.errors import AuthError, ProviderError
 from broker.model import Capacity, Instance, InstanceState, InstanceType, JobSpec, Location, Offer, Provenance
 
-from .base import TAG_JOB, TAG_REQUEST, Capability, launch_tags, matches_tags, require_count
+from .base import TAG_JOB, TAG_REQUEST, Capability, launch_tags, matches_tags, reclaimed_error, require_count
 from .bootstrap import Report, parse_report, script_for
 from .errors import map_errors
 from .images import AZURE_IMAGES, pick
@@ -515,14 +515,9 @@ class AzureProvider:
 
     def _evicted(self, inst: Instance) -> None:
         with self._lock:
-            if inst.id in self._ended:
-                return
-            self._ended.add(inst.id)
-            self._errors.append(CapacityError(
-                f"azure:{inst.region}: spot VM {inst.id} was evicted. To fix: nothing; the broker reschedules "
-                "the job (use on-demand capacity to avoid evictions).",
-                provider="azure", region=inst.region, request_id=inst.tags.get(TAG_REQUEST), code="evicted",
-                retryable=True))
+            if inst.id not in self._ended:  # reported once
+                self._ended.add(inst.id)
+                self._errors.append(reclaimed_error(inst, "was evicted", "evicted"))
 
     def terminate(self, ids: Sequence[str], request_id: str) -> None:
         """Delete VMs by name (their OS disk and NIC go with them: ``deleteOption Delete``), then any NIC of

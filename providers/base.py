@@ -35,6 +35,7 @@ __all__ = [
     "TAG_DRY_RUN",
     "launch_tags",
     "matches_tags",
+    "reclaimed_error",
     "require_count",
     "offer_from_option",
     "offer_instance",
@@ -156,6 +157,19 @@ def offer_instance(
         tags=tags,
         launched_at=launched_at,
         dry_run=dry_run,
+    )
+
+
+def reclaimed_error(inst: Instance, what: str = "was preempted", code: str = "preempted") -> ProviderError:
+    """The retryable ``CapacityError`` an adapter queues for :meth:`Provider.poll_errors` when the cloud took
+    a spot instance back (``what`` says how: preempted, evicted, got its interruption notice)."""
+    from broker.errors import CapacityError
+
+    return CapacityError(
+        f"{inst.provider}:{inst.region}: spot instance {inst.id} {what}. To fix: nothing; the broker places the "
+        "job again (use on-demand capacity to avoid interruptions).",
+        provider=inst.provider, region=inst.region, request_id=inst.tags.get(TAG_REQUEST), code=code,
+        retryable=True,
     )
 
 

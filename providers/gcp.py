@@ -51,7 +51,7 @@ from libcloud.compute.drivers.gce import GCEConnection, GCENodeDriver
 from broker.errors import AuthError, CapacityError, InvalidRequestError, ProviderError
 from broker.model import Capacity, Instance, InstanceState, InstanceType, JobSpec, Location, Offer, Provenance
 
-from .base import TAG_JOB, TAG_REQUEST, Capability, launch_tags, matches_tags, require_count
+from .base import TAG_JOB, TAG_REQUEST, Capability, launch_tags, matches_tags, reclaimed_error, require_count
 from .bootstrap import Report, parse_report, runtime_limit_seconds, script_for
 from .errors import map_errors
 from .images import GCP_IMAGES, pick
@@ -803,15 +803,9 @@ class GcpProvider:
 
     def _preempted(self, inst: Instance) -> None:
         with self._lock:
-            if inst.id in self._ended:
-                return
-            self._ended.add(inst.id)
-            self._errors.append(CapacityError(
-                f"gcp:{inst.region}: spot instance {inst.id} was preempted. To fix: nothing; the "
-                "broker reschedules the job (use on-demand capacity to avoid preemption).",
-                provider="gcp", region=inst.region, request_id=inst.tags.get(TAG_REQUEST),
-                code="preempted", retryable=True,
-            ))
+            if inst.id not in self._ended:  # reported once
+                self._ended.add(inst.id)
+                self._errors.append(reclaimed_error(inst, "was preempted", "preempted"))
 
     def terminate(self, ids: Sequence[str], request_id: str) -> None:
         """Delete instances ``<zone>/<name>`` (and their auto-delete boot disks); unknown ids are ignored."""

@@ -8,10 +8,10 @@ import os
 import random
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -34,7 +34,7 @@ from providers.gcp import (
 )
 from providers.refresh import options_from_env, refresh_catalog
 
-from .builders import make_job, make_offer, make_option
+from .builders import make_job, make_offer, make_option, wait_ended
 from .fake_gcp import RATES, billing_skus, operation_error
 from .faultproxy import FaultProxy, Seen, gce_error, request
 
@@ -421,15 +421,8 @@ def test_cli_check_shows_gcp_with_its_credential_source_and_refresh_works(
 # -- jobs: the startup-script runs in the fake's guest, the exit code and log tail come back -------------
 
 
-def wait_done(gcp: GcpProvider, req: str, timeout: float = 30.0) -> Instance:
-    """Poll ``instances()`` (bounded) until the request's one instance has ended."""
-    deadline = time.monotonic() + timeout
-    while True:
-        [inst] = gcp.instances({TAG_REQUEST: req})
-        if inst.state in (InstanceState.SUCCEEDED, InstanceState.FAILED, InstanceState.TERMINATED):
-            return inst
-        assert time.monotonic() < deadline, f"instance still {inst.state} after {timeout}s"
-        time.sleep(0.05)
+def wait_done(provider: Any, req: str) -> Instance:
+    return wait_ended(provider, req)
 
 
 def inventory(gcp_fake, req: str) -> list[str]:
