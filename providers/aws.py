@@ -70,6 +70,7 @@ __all__ = [
     "EXIT_CODE_MARKER",
     "CONSOLES",
     "USER_DATA_MAX_BYTES",
+    "CONSOLE_READS",
 ]
 
 DEFAULT_PRICE_LIST_URL = (
@@ -83,6 +84,7 @@ _ARCH = {"x86_64": "amd64", "arm64": "arm64"}
 USER_DATA_MAX_BYTES = 16 * 1024  # EC2's limit on user data before base64
 _ENDED = ("shutting-down", "stopping", "stopped", "terminated")
 _FINAL = ("stopped", "terminated")  # console output will not change any more
+CONSOLE_READS = 3  # reads of an ended instance's console before "no report" is believed
 
 
 class _ShimResponse(EC2Response):
@@ -227,6 +229,7 @@ class AwsProvider:
         self._drivers: dict[str, tuple[tuple[str, str, str | None], EC2NodeDriver]] = {}
         self._images: dict[tuple[str, str], str] = {}
         self._reports: dict[str, Report] = {}  # instance id -> what its console reported
+        self._misses: dict[str, int] = {}  # instance id -> console reads without a report
         self._terminated: set[str] = set()  # ids this adapter terminated: their end is not the job's
         self._lock = threading.Lock()
         self._errors: list[ProviderError] = []
@@ -473,13 +476,16 @@ class AwsProvider:
                     state = InstanceState.SUCCEEDED if report.exit_code == 0 else InstanceState.FAILED
                     inst = dataclasses.replace(inst, state=state, exit_code=report.exit_code,
                                                log_tail=report.log_tail)
+                elif report.pending:  # ended, report not on the console yet: not finished
+                    inst = dataclasses.replace(inst, state=InstanceState.RUNNING)
                 out.append(inst)
         return out
 
     def _report(self, node: Node, region: str) -> Report:
         """The job's exit code and log tail from the console of an ended instance we did not terminate
         (``GetConsoleOutput`` with ``Latest=true``: the newest output, not the boot-time snapshot); cached per
-        id once a code is read or the state is final (a VM still shutting down may write more)."""
+        id once a code is read, or after ``CONSOLE_READS`` reads of a final state without one (``pending`` until
+        then: the console may lag the state)."""
         status = str((node.extra or {}).get("status") or node.state).lower()
         node_id = str(node.id)
         with self._lock:
@@ -494,10 +500,14 @@ class AwsProvider:
         except ValueError:
             text = str(raw)  # some emulators return it decoded
         report = parse_report(text)
-        if report.exit_code is not None or status in _FINAL:
-            with self._lock:
+        with self._lock:
+            misses = self._misses[node_id] = self._misses.get(node_id, 0) + (report.exit_code is None)
+            # EC2 posts console output a little after the state changes: a final state without the report
+            # is believed only after CONSOLE_READS reads (until then the instance counts as still ending)
+            if report.exit_code is not None or report.preempted or (status in _FINAL and misses >= CONSOLE_READS):
                 self._reports[node_id] = report
-        return report
+                return report
+        return Report(None, pending=True)
 
     def terminate(self, ids: Sequence[str], request_id: str) -> None:
         if not ids:

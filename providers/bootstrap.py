@@ -74,6 +74,7 @@ class Report:
     exit_code: int | None
     log_tail: str = ""
     preempted: bool = False  # the VM saw its cloud's interruption notice and stopped the job for it
+    pending: bool = False  # the VM ended but its console may not hold the report yet: ask again
 
 
 def runtime_limit_seconds(job: JobSpec, max_runtime_hours: float | None = None) -> int:

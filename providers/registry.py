@@ -67,7 +67,7 @@ def create(name: str, **options: Any) -> Provider:
                 "`dryrun` for it, or one of aws, azure, gcp, onprem.",
                 provider=name,
             ) from exc
-        extra = {"aws": "aws", "azure": "azure"}.get(name, "server")
+        extra = {"aws": "aws", "azure": "azure", "gcp": "gcp"}.get(name, "server")
         raise AuthError(
             f"provider {name!r} needs a package that is not installed ({exc.name}). "
             f"To fix: pip install 'hybrid-broker[{extra}]'.",
