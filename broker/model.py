@@ -296,6 +296,7 @@ class PlacementOption:
     total_usd: float
     site: str = SiteKind.CLOUD.value
     finish_hours: float = 0.0  # predicted hours from now to finish (transfer + duration), for deadlines
+    arch: str = "amd64"  # of the instance type: the adapter picks an image of this architecture
 
     # The exact keys of the OPTION object of `broker place --json` (the public contract).
     CONTRACT_KEYS = (

@@ -303,6 +303,7 @@ def _option_json(option: PlacementOption) -> str:
     d = option.to_dict()
     d["site"] = option.site
     d["finish_hours"] = option.finish_hours
+    d["arch"] = option.arch
     return json.dumps(d)
 
 
@@ -494,6 +495,7 @@ class Scheduler:
             t0 = time.perf_counter()
             report.requeued = self._requeue(self.clock.now())
             self._timed(report, "7-requeue", t0)
+            self._sweep(self.clock.now())  # orphans of no active job (providers/sweeper.py), when due
             for hook in self.cycle_hooks:  # fleet operations (broker.ops.service); never stops the cycle
                 try:
                     hook(self.clock.now())
@@ -1344,7 +1346,7 @@ class Scheduler:
             running = list(session.execute(
                 sa.select(_jobs.c.id, _jobs.c.provider, _jobs.c.instances_json, _jobs.c.retries,
                           _jobs.c.spec_json, _jobs.c.created_at, _jobs.c.started_at, _jobs.c.namespace,
-                          _jobs.c.placement_json, _jobs.c.vcpus, _jobs.c.memory_gib, _jobs.c.gpus)
+                          _jobs.c.placement_json, _jobs.c.vcpus, _jobs.c.memory_gib, _jobs.c.gpus, _jobs.c.dry_run)
                 .where(_jobs.c.state == JobState.RUNNING.value)
             ))
         if self.edge is not None:
@@ -1380,7 +1382,14 @@ class Scheduler:
                 retry = RetryPolicy(backoff_limit=0)
             t: Transition | None = None
             tail = next((i.log_tail for i in insts if i is not None and i.log_tail), "")  # a cloud VM's output
-            if ids and not missing and states == {InstanceState.SUCCEEDED}:
+            if ids and not missing and states == {InstanceState.SUCCEEDED} and getattr(r, "dry_run", False):
+                # a dry-run job ends SUCCEEDED flagged as simulated (jobs.dry_run), its spend as simulated spend
+                t = Transition(r.id, JobState.RUNNING, JobState.SUCCEEDED,
+                               reason="simulated run ended [dry-run]: nothing was launched or billed",
+                               data={"dry_run": True, "simulated_usd": round(_run_cost(
+                                   r.placement_json, max(0.0, (now - started).total_seconds() / 3600.0), 1), 6)},
+                               fields={"finished_at": now, "exit_code": 0})
+            elif ids and not missing and states == {InstanceState.SUCCEEDED}:
                 t = Transition(r.id, JobState.RUNNING, JobState.SUCCEEDED, reason="all instances succeeded",
                                data={"exit_code": 0, "log_tail": tail} if tail else None,
                                fields={"finished_at": now, "exit_code": 0})
@@ -1445,6 +1454,20 @@ class Scheduler:
             apply_transitions(session, transitions, now=now)
         self._count(transitions)
         return len(transitions)
+
+    def _sweep(self, now: datetime) -> None:
+        from providers.sweeper import Sweeper
+
+        if not hasattr(self, "sweeper"):
+            self.sweeper = Sweeper.from_env()
+        if not self.sweeper.due(now):
+            return
+
+        def active() -> list[str]:
+            with self.store.read() as session:
+                return list(session.execute(sa.select(_jobs.c.id).where(_jobs.c.state.in_(ACTIVE_STATES))).scalars())
+
+        self.sweeper.maybe_run(self.state.providers, active, now)
 
     # ------------------------------------------------------------------------------ reconciliation
 

@@ -47,7 +47,7 @@ from broker.model import (
     Provenance,
 )
 
-from .base import TAG_REQUEST, Capability, launch_tags, matches_tags
+from .base import TAG_REQUEST, Capability, launch_tags, matches_tags, reclaimed_error
 from .bootstrap import (
     CONSOLES,
     EXIT_CODE_MARKER,
@@ -55,9 +55,10 @@ from .bootstrap import (
     job_script,
     parse_exit_code,
     parse_report,
-    runtime_limit_seconds,
+    script_for,
 )
 from .errors import map_errors
+from .images import AWS_IMAGE_NAMES, image_key, pick
 
 __all__ = [
     "AwsProvider",
@@ -69,6 +70,7 @@ __all__ = [
     "EXIT_CODE_MARKER",
     "CONSOLES",
     "USER_DATA_MAX_BYTES",
+    "CONSOLE_READS",
 ]
 
 DEFAULT_PRICE_LIST_URL = (
@@ -82,6 +84,7 @@ _ARCH = {"x86_64": "amd64", "arm64": "arm64"}
 USER_DATA_MAX_BYTES = 16 * 1024  # EC2's limit on user data before base64
 _ENDED = ("shutting-down", "stopping", "stopped", "terminated")
 _FINAL = ("stopped", "terminated")  # console output will not change any more
+CONSOLE_READS = 3  # reads of an ended instance's console before "no report" is believed
 
 
 class _ShimResponse(EC2Response):
@@ -211,8 +214,10 @@ class AwsProvider:
         image_id: str | None = None,
         spot: bool = True,
         max_runtime_hours: float | None = None,
+        images: Mapping[str, str] | None = None,
     ) -> None:
         self.regions = list(regions)
+        self.images = dict(images or {})
         self.endpoint_url = endpoint_url
         self.price_list_url = price_list_url or DEFAULT_PRICE_LIST_URL
         self.image_id = image_id
@@ -224,6 +229,7 @@ class AwsProvider:
         self._drivers: dict[str, tuple[tuple[str, str, str | None], EC2NodeDriver]] = {}
         self._images: dict[tuple[str, str], str] = {}
         self._reports: dict[str, Report] = {}  # instance id -> what its console reported
+        self._misses: dict[str, int] = {}  # instance id -> console reads without a report
         self._terminated: set[str] = set()  # ids this adapter terminated: their end is not the job's
         self._lock = threading.Lock()
         self._errors: list[ProviderError] = []
@@ -304,6 +310,7 @@ class AwsProvider:
                 for raw in resp["InstanceTypes"]:
                     shapes[raw["InstanceType"]] = _to_instance_type(raw)
             spot: dict[str, float] = {}
+            spot_zone: dict[str, str | None] = {}  # the zone of the cheapest price: a spot launch goes there
             if self.spot and wanted:
                 for page in ec2.get_paginator("describe_spot_price_history").paginate(
                     InstanceTypes=wanted,
@@ -313,7 +320,9 @@ class AwsProvider:
                     for row in page["SpotPriceHistory"]:
                         usd = float(row["SpotPrice"])
                         t = row["InstanceType"]
-                        spot[t] = min(usd, spot.get(t, usd))
+                        if usd < spot.get(t, float("inf")):
+                            spot[t] = usd
+                            spot_zone[t] = row.get("AvailabilityZone")
         loc = Location("aws", region, None, continent=CONTINENT.get(region.split("-")[0], ""))
         offers = [Offer(shapes[t], loc, Capacity.ON_DEMAND, prices[t], "aws-price-list") for t in sorted(shapes)]
         outliers = 0
@@ -323,7 +332,8 @@ class AwsProvider:
             if not (SPOT_OUTLIER_LOW * prices[t] <= usd <= prices[t]):
                 outliers += 1
                 continue
-            offers.append(Offer(shapes[t], loc, Capacity.SPOT, usd, "aws-spot-price-history"))
+            zoned = dataclasses.replace(loc, zone=spot_zone.get(t)) if spot_zone.get(t) else loc
+            offers.append(Offer(shapes[t], zoned, Capacity.SPOT, usd, "aws-spot-price-history"))
         self.last_provenance.append(
             Provenance(
                 source=f"aws:{self.price_list_url.format(region=region)}",
@@ -339,23 +349,30 @@ class AwsProvider:
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 
-    def _image(self, region: str, arch: str) -> str:
+    def _image(self, region: str, shape: InstanceType) -> str:
+        """``image_id`` when set, else the newest Amazon image of the shape's kind (:mod:`providers.images`):
+        Amazon Linux 2023 for its architecture, the Deep Learning Base GPU AMI for GPU types."""
         if self.image_id:
             return self.image_id
-        key = (region, arch)
+        key = (region, image_key(shape))
         if key not in self._images:
-            aws_arch = "arm64" if arch == "arm64" else "x86_64"
+            pattern = str(pick("aws", shape, AWS_IMAGE_NAMES, self.images, region=region))
+            if pattern.startswith("ami-"):
+                self._images[key] = pattern
+                return pattern
+            aws_arch = "arm64" if shape.arch == "arm64" else "x86_64"
             with map_errors(self.name, region):
                 imgs = self._ec2(region).describe_images(
                     Owners=["amazon"],
                     Filters=[
-                        {"Name": "name", "Values": [f"al2023-ami-2023*-{aws_arch}"]},
+                        {"Name": "name", "Values": [pattern]},
                         {"Name": "architecture", "Values": [aws_arch]},
                     ],
                 )["Images"]
             if not imgs:
                 raise InvalidRequestError(
-                    f"aws:{region}: no Amazon Linux 2023 image for {aws_arch}. To fix: pass image_id.",
+                    f"aws:{region}: no Amazon image matches {pattern!r} for {aws_arch}. To fix: pass image_id or "
+                    f"images={{'{key[1]}': 'ami-...'}}.",
                     provider="aws", region=region,
                 )
             self._images[key] = max(imgs, key=lambda i: (i.get("CreationDate", ""), i["ImageId"]))["ImageId"]
@@ -415,12 +432,12 @@ class AwsProvider:
             return [self._to_instance(n, region) for n in existing]
         drv = self._driver(region)
         all_tags = launch_tags(tags, request_id)
-        image = self._image(region, offer.instance_type.arch)
+        image = self._image(region, offer.instance_type)
         # with a command, the VM runs the job, reports its exit code on the console and powers off
         userdata = None
         if job is not None and job.command:
-            userdata = completion_script(job.command, job.env, job.workdir,
-                                         runtime_limit_seconds=runtime_limit_seconds(job, self.max_runtime_hours))
+            userdata = script_for(job, "aws", max_bytes=USER_DATA_MAX_BYTES, spot=offer.capacity is Capacity.SPOT,
+                                  max_runtime_hours=self.max_runtime_hours)
         with map_errors(self.name, region, request_id):
             location = None
             if offer.location.zone:
@@ -452,17 +469,23 @@ class AwsProvider:
             for node in self._nodes(region, tags):
                 inst = self._to_instance(node, region)
                 report = self._report(node, region)
-                if report.exit_code is not None:
+                if report.preempted:  # the 2-minute notice came: the job was stopped for it, not failed
+                    inst = dataclasses.replace(inst, state=InstanceState.TERMINATED)
+                    self._preempted(inst)
+                elif report.exit_code is not None:
                     state = InstanceState.SUCCEEDED if report.exit_code == 0 else InstanceState.FAILED
                     inst = dataclasses.replace(inst, state=state, exit_code=report.exit_code,
                                                log_tail=report.log_tail)
+                elif report.pending:  # ended, report not on the console yet: not finished
+                    inst = dataclasses.replace(inst, state=InstanceState.RUNNING)
                 out.append(inst)
         return out
 
     def _report(self, node: Node, region: str) -> Report:
         """The job's exit code and log tail from the console of an ended instance we did not terminate
         (``GetConsoleOutput`` with ``Latest=true``: the newest output, not the boot-time snapshot); cached per
-        id once a code is read or the state is final (a VM still shutting down may write more)."""
+        id once a code is read, or after ``CONSOLE_READS`` reads of a final state without one (``pending`` until
+        then: the console may lag the state)."""
         status = str((node.extra or {}).get("status") or node.state).lower()
         node_id = str(node.id)
         with self._lock:
@@ -477,10 +500,14 @@ class AwsProvider:
         except ValueError:
             text = str(raw)  # some emulators return it decoded
         report = parse_report(text)
-        if report.exit_code is not None or status in _FINAL:
-            with self._lock:
+        with self._lock:
+            misses = self._misses[node_id] = self._misses.get(node_id, 0) + (report.exit_code is None)
+            # EC2 posts console output a little after the state changes: a final state without the report
+            # is believed only after CONSOLE_READS reads (until then the instance counts as still ending)
+            if report.exit_code is not None or report.preempted or (status in _FINAL and misses >= CONSOLE_READS):
                 self._reports[node_id] = report
-        return report
+                return report
+        return Report(None, pending=True)
 
     def terminate(self, ids: Sequence[str], request_id: str) -> None:
         if not ids:
@@ -493,6 +520,49 @@ class AwsProvider:
                         with self._lock:
                             self._terminated.add(str(node.id))
                         drv.destroy_node(node)
+
+    def orphans(self, active_jobs: set[str]) -> list[Any]:
+        """Unattached EBS volumes, ENIs and Elastic IPs tagged ``hb-request`` whose job is not active."""
+
+        flt = [{"Name": "tag-key", "Values": [TAG_REQUEST]}]
+        out = []
+        for region in self.regions:
+            ec2 = self._ec2(region)
+            with map_errors(self.name, region):
+                for v in ec2.describe_volumes(Filters=[*flt, {"Name": "status", "Values": ["available"]}])["Volumes"]:
+                    out.append(self._orphan(region, "volume", v["VolumeId"], v.get("Tags")))
+                for n in ec2.describe_network_interfaces(
+                        Filters=[*flt, {"Name": "status", "Values": ["available"]}])["NetworkInterfaces"]:
+                    out.append(self._orphan(region, "nic", n["NetworkInterfaceId"], n.get("TagSet")))
+                for a in ec2.describe_addresses(Filters=flt)["Addresses"]:
+                    if not a.get("AssociationId"):
+                        out.append(self._orphan(region, "address", a["AllocationId"], a.get("Tags")))
+        return [o for o in out if o.job not in active_jobs]
+
+    @staticmethod
+    def _orphan(region: str, kind: str, ident: str, tags: Any) -> Any:
+        from .sweeper import Orphan
+
+        t = {x["Key"]: x["Value"] for x in tags or []}
+        return Orphan("aws", kind, f"{region}/{ident}", t.get("hb-job", ""), t.get(TAG_REQUEST, ""))
+
+    def delete_orphans(self, items: Sequence[Any]) -> None:
+        for o in items:
+            region, _, ident = str(o.id).partition("/")
+            ec2 = self._ec2(region)
+            with map_errors(self.name, region):
+                if o.kind == "volume":
+                    ec2.delete_volume(VolumeId=ident)
+                elif o.kind == "nic":
+                    ec2.delete_network_interface(NetworkInterfaceId=ident)
+                elif o.kind == "address":
+                    ec2.release_address(AllocationId=ident)
+
+    def _preempted(self, inst: Instance) -> None:
+        with self._lock:
+            if inst.id not in self._terminated:  # reported once
+                self._terminated.add(inst.id)
+                self._errors.append(reclaimed_error(inst, "got its interruption notice", "preempted"))
 
     def poll_errors(self) -> list[ProviderError]:
         with self._lock:

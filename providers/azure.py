@@ -11,7 +11,9 @@ and the public Azure Retail Prices API over httpx for prices.
   tagged with the launch tags; instance ids are VM names within ``resource_group``.
 
 Credentials: an explicit ``credential``, else ``ClientSecretCredential`` from ``AZURE_CLIENT_ID``/
-``AZURE_TENANT_ID``/``AZURE_CLIENT_SECRET``, else ``DefaultAzureCredential``. SDK retries are off
+``AZURE_TENANT_ID``/``AZURE_CLIENT_SECRET``, else a managed identity (``ManagedIdentityCredential``, user-assigned
+when ``AZURE_CLIENT_ID`` is set) where the platform exposes one (``IDENTITY_ENDPOINT``/``MSI_ENDPOINT``) or
+``BROKER_AZURE_MANAGED_IDENTITY=true`` says so (VMs), else ``DefaultAzureCredential``. SDK retries are off
 (``retry_total=0``): :mod:`providers.failover` owns backoff, so every 429 is seen and recorded.
 """
 
@@ -31,12 +33,13 @@ import httpx
 from azure.core.exceptions import ResourceNotFoundError
 from azure.mgmt.compute import ComputeManagementClient
 
-from broker.errors import AuthError, CapacityError, ProviderError
+from broker.errors import AuthError, ProviderError
 from broker.model import Capacity, Instance, InstanceState, InstanceType, JobSpec, Location, Offer, Provenance
 
-from .base import TAG_REQUEST, Capability, launch_tags, matches_tags, require_count
-from .bootstrap import Report, job_script, parse_report, runtime_limit_seconds
+from .base import TAG_JOB, TAG_REQUEST, Capability, launch_tags, matches_tags, reclaimed_error, require_count
+from .bootstrap import Report, parse_report, script_for
 from .errors import map_errors
+from .images import AZURE_IMAGES, pick
 
 __all__ = ["AzureProvider", "parse_retail_prices", "DEFAULT_PRICES_URL", "accelerator_of", "power_state",
            "CUSTOM_DATA_MAX_BYTES", "VNET_PREFIX", "SUBNET_PREFIX"]
@@ -120,12 +123,13 @@ def power_state(vm: Any) -> str:
 
 
 def _ssh_public_key() -> str:
-    """A fresh RSA public key in OpenSSH form, for VMs nobody logs in to: Azure requires a key or a password
-    for the admin account; the private half is never kept (jobs report through the serial console)."""
+    """A fresh Ed25519 public key in OpenSSH form (Azure takes Ed25519 for Linux VMs), for VMs nobody logs
+    in to: Azure requires a key or a password for the admin account; the private half is never kept (jobs
+    report through the serial console)."""
     from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.hazmat.primitives.asymmetric import ed25519
 
-    key = rsa.generate_private_key(public_exponent=65537, key_size=3072)
+    key = ed25519.Ed25519PrivateKey.generate()
     return key.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                          serialization.PublicFormat.OpenSSH).decode() + " hybrid-broker"
 
@@ -161,6 +165,7 @@ class AzureProvider:
         admin_username: str = "hb",
         ssh_public_key: str | None = None,
         max_runtime_hours: float | None = None,
+        images: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         sub = subscription_id or os.environ.get("AZURE_SUBSCRIPTION_ID")
         if not sub:
@@ -176,7 +181,8 @@ class AzureProvider:
         self.connection_verify = connection_verify
         self.prices_url = prices_url
         self.subnet_id = subnet_id
-        self.image = dict(image or DEFAULT_IMAGE)
+        self.image = dict(image) if image else None  # one image for every VM; else by arch/GPU (images)
+        self.images = dict(images or {})
         self.admin_username = admin_username
         self.ssh_public_key = ssh_public_key
         self.max_runtime_hours = max_runtime_hours
@@ -199,6 +205,12 @@ class AzureProvider:
                 self._credential = ClientSecretCredential(
                     env["AZURE_TENANT_ID"], env["AZURE_CLIENT_ID"], env["AZURE_CLIENT_SECRET"]
                 )
+            elif (env.get("IDENTITY_ENDPOINT") or env.get("MSI_ENDPOINT")
+                  or env.get("BROKER_AZURE_MANAGED_IDENTITY", "").lower() in ("1", "true", "yes")):
+                from azure.identity import ManagedIdentityCredential
+
+                # user-assigned when AZURE_CLIENT_ID names it (the terraform module's identity), else system
+                self._credential = ManagedIdentityCredential(client_id=env.get("AZURE_CLIENT_ID") or None)
             else:
                 self._credential = DefaultAzureCredential()
         return self._credential
@@ -365,14 +377,14 @@ class AzureProvider:
             },
         }
         if job is not None and job.command:
-            script = job_script(job.command, job.env, job.workdir, provider="azure",
-                                runtime_limit_seconds=runtime_limit_seconds(job, self.max_runtime_hours),
-                                max_bytes=CUSTOM_DATA_MAX_BYTES)
+            script = script_for(job, "azure", max_bytes=CUSTOM_DATA_MAX_BYTES, spot=offer.capacity is Capacity.SPOT,
+                                max_runtime_hours=self.max_runtime_hours)
             os_profile["customData"] = base64.b64encode(script.encode()).decode()
         props: dict[str, Any] = {
             "hardwareProfile": {"vmSize": offer.instance_type.name},
             "storageProfile": {
-                "imageReference": self.image,
+                "imageReference": self.image or dict(pick("azure", offer.instance_type, AZURE_IMAGES, self.images,
+                                                          region=offer.region)),
                 "osDisk": {"createOption": "FromImage", "deleteOption": "Delete",
                            "managedDisk": {"storageAccountType": "StandardSSD_LRS"}},
             },
@@ -468,13 +480,13 @@ class AzureProvider:
                 props = getattr(vm, "properties", None)
                 priority = getattr(props, "priority", None) or getattr(vm, "priority", None)
                 spot = str(getattr(priority, "value", priority) or "").lower() == "spot"
-                if report.exit_code is not None:
+                if report.exit_code is not None and not report.preempted:
                     inst = dataclasses.replace(
                         inst, state=InstanceState.SUCCEEDED if report.exit_code == 0 else InstanceState.FAILED,
                         exit_code=report.exit_code, log_tail=report.log_tail)
                 else:
                     inst = dataclasses.replace(inst, state=InstanceState.TERMINATED)
-                    if spot:
+                    if spot or report.preempted:
                         self._evicted(inst)
             out.append(inst)
         return out
@@ -503,14 +515,9 @@ class AzureProvider:
 
     def _evicted(self, inst: Instance) -> None:
         with self._lock:
-            if inst.id in self._ended:
-                return
-            self._ended.add(inst.id)
-            self._errors.append(CapacityError(
-                f"azure:{inst.region}: spot VM {inst.id} was evicted. To fix: nothing; the broker reschedules "
-                "the job (use on-demand capacity to avoid evictions).",
-                provider="azure", region=inst.region, request_id=inst.tags.get(TAG_REQUEST), code="evicted",
-                retryable=True))
+            if inst.id not in self._ended:  # reported once
+                self._ended.add(inst.id)
+                self._errors.append(reclaimed_error(inst, "was evicted", "evicted"))
 
     def terminate(self, ids: Sequence[str], request_id: str) -> None:
         """Delete VMs by name (their OS disk and NIC go with them: ``deleteOption Delete``), then any NIC of
@@ -526,6 +533,41 @@ class AzureProvider:
                 except ResourceNotFoundError:
                     continue
         self._delete_nics([f"{name}-nic" for name in ids], request_id)
+
+    def orphans(self, active_jobs: set[str]) -> list[Any]:
+        """NICs tagged ``hb-request`` attached to no VM, and unattached OS disks of ``hb-`` VMs that are gone,
+        whose job is not active."""
+        from .sweeper import Orphan
+
+        with self._client() as c:
+            vm_names = {str(vm.name).lower() for vm in c.virtual_machines.list(self.resource_group)}
+            disks = list(c.disks.list_by_resource_group(self.resource_group))
+        with self._network() as net:
+            nics = list(net.network_interfaces.list(self.resource_group))
+        out = []
+        for nic in nics:
+            tags = dict(nic.tags or {})
+            props = getattr(nic, "properties", None)
+            attached = getattr(props, "virtual_machine", None) or getattr(nic, "virtual_machine", None)
+            if TAG_REQUEST in tags and not attached and tags.get(TAG_JOB) not in active_jobs:
+                out.append(Orphan("azure", "nic", str(nic.name), tags.get(TAG_JOB, ""), tags[TAG_REQUEST]))
+        for disk in disks:
+            name = str(disk.name)
+            owner = getattr(disk, "managed_by", None) or getattr(getattr(disk, "properties", None), "managed_by", None)
+            vm = name.split("_OsDisk")[0]
+            if name.startswith("hb-") and "_OsDisk" in name and not owner and vm.lower() not in vm_names:
+                out.append(Orphan("azure", "disk", name))
+        return out
+
+    def delete_orphans(self, items: Sequence[Any]) -> None:
+        self._delete_nics([o.id for o in items if o.kind == "nic"], "sweeper")
+        with self._client(None, "sweeper") as c:
+            for o in items:
+                if o.kind == "disk":
+                    try:
+                        c.disks.begin_delete(self.resource_group, o.id).result()
+                    except ResourceNotFoundError:
+                        continue
 
     def poll_errors(self) -> list[ProviderError]:
         with self._lock:

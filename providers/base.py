@@ -35,6 +35,7 @@ __all__ = [
     "TAG_DRY_RUN",
     "launch_tags",
     "matches_tags",
+    "reclaimed_error",
     "require_count",
     "offer_from_option",
     "offer_instance",
@@ -159,6 +160,19 @@ def offer_instance(
     )
 
 
+def reclaimed_error(inst: Instance, what: str = "was preempted", code: str = "preempted") -> ProviderError:
+    """The retryable ``CapacityError`` an adapter queues for :meth:`Provider.poll_errors` when the cloud took
+    a spot instance back (``what`` says how: preempted, evicted, got its interruption notice)."""
+    from broker.errors import CapacityError
+
+    return CapacityError(
+        f"{inst.provider}:{inst.region}: spot instance {inst.id} {what}. To fix: nothing; the broker places the "
+        "job again (use on-demand capacity to avoid interruptions).",
+        provider=inst.provider, region=inst.region, request_id=inst.tags.get(TAG_REQUEST), code=code,
+        retryable=True,
+    )
+
+
 def matches_tags(have: Mapping[str, str], want: Mapping[str, str] | None) -> bool:
     """True when every ``want`` item is in ``have`` (``None`` or empty matches everything)."""
     return not want or all(have.get(k) == v for k, v in want.items())
@@ -181,6 +195,7 @@ def offer_from_option(option: PlacementOption) -> Offer:
             memory_gib=option.memory_gib,
             gpus=option.gpus,
             accelerator=option.accelerator,
+            arch=getattr(option, "arch", "amd64") or "amd64",
         ),
         location=Location(option.provider, option.region, option.zone, site),
         capacity=capacity,

@@ -30,12 +30,15 @@ from broker.model import JobSpec
 
 __all__ = [
     "job_script",
+    "script_for",
     "parse_exit_code",
     "parse_log_tail",
     "parse_report",
     "runtime_limit_seconds",
     "Report",
     "EXIT_CODE_MARKER",
+    "PREEMPTED_MARKER",
+    "INTERRUPTION_CHECKS",
     "LOG_TAIL_MARKER",
     "CONSOLES",
     "LOG_TAIL_BYTES",
@@ -43,6 +46,18 @@ __all__ = [
 ]
 
 EXIT_CODE_MARKER = "HB-EXIT-CODE="
+PREEMPTED_MARKER = "HB-PREEMPTED=1"
+# In-guest checks of each cloud's spot interruption notice (true while a notice is out): the EC2 2-minute
+# notice (IMDSv2 spot/instance-action), Azure Scheduled Events (Preempt), GCE's preempted flag.
+INTERRUPTION_CHECKS = {
+    "aws": "hb_t=$(curl -sf -m 2 -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 300' "
+           "http://169.254.169.254/latest/api/token) && curl -sf -m 2 -H \"X-aws-ec2-metadata-token: $hb_t\" "
+           "http://169.254.169.254/latest/meta-data/spot/instance-action >/dev/null",
+    "azure": "curl -sf -m 2 -H Metadata:true "
+             "'http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01' | grep -q '\"Preempt\"'",
+    "gcp": "curl -sf -m 2 -H 'Metadata-Flavor: Google' "
+           "http://metadata.google.internal/computeMetadata/v1/instance/preempted | grep -q TRUE",
+}
 LOG_TAIL_MARKER = "HB-LOG-TAIL="
 CONSOLES = ("/dev/ttyS0", "/dev/console")
 LOG_TAIL_BYTES = 4096
@@ -58,6 +73,8 @@ class Report:
 
     exit_code: int | None
     log_tail: str = ""
+    preempted: bool = False  # the VM saw its cloud's interruption notice and stopped the job for it
+    pending: bool = False  # the VM ended but its console may not hold the report yet: ask again
 
 
 def runtime_limit_seconds(job: JobSpec, max_runtime_hours: float | None = None) -> int:
@@ -79,11 +96,18 @@ def job_script(
     log_tail_bytes: int = LOG_TAIL_BYTES,
     provider: str = "aws",
     max_bytes: int | None = None,
+    watch_interruptions: bool = False,
 ) -> str:
     """The start-up script of a job's VM (see the module docstring). ``workdir`` is created when missing (a
     fresh ``mktemp -d`` directory when ``None``); if it cannot be entered the command does not run and the
     exit code is 125. ``poweroff`` is a shell command taken as is (tests pass a harmless one); everything
     else is quoted.
+
+    ``watch_interruptions`` (spot capacity) adds a watcher that polls the cloud's interruption notice
+    (:data:`INTERRUPTION_CHECKS`, every ``$HB_INTERRUPT_POLL`` seconds, default 5): on a notice the job gets
+    SIGTERM (its cue to checkpoint; ``HB_CHECKPOINT_PATH`` names where, when the job spec has one) and the
+    console gets ``HB-PREEMPTED=1`` before the exit code, so the broker places the job again instead of
+    counting a failure.
 
     Raises :class:`InvalidRequestError` for an empty command, an env name that is empty or holds ``=``, a NUL
     byte anywhere, or a script over ``max_bytes`` (the cloud's limit on user/custom data)."""
@@ -113,19 +137,46 @@ def job_script(
         "# console, power off.",
         f"hb_consoles=\"${{HB_CONSOLES:-{' '.join(consoles)}}}\"",
         'hb_log="$(mktemp "${TMPDIR:-/tmp}/hb-log.XXXXXX")" || hb_log=/dev/null',
+        'hb_notice="$hb_log.preempted"',
         f"hb_wd={wd}",
         'if [ -n "$hb_wd" ] && mkdir -p "$hb_wd" && cd "$hb_wd"; then',
         "  hb_limit=''",
         f"  command -v timeout >/dev/null 2>&1 && hb_limit={shlex.quote(limit)}",
-        f'  $hb_limit {run} > "$hb_log" 2>&1 < /dev/null',
-        "  hb_rc=$?",
+    ]
+    if watch_interruptions:
+        check = INTERRUPTION_CHECKS.get(provider)
+        if check is None:
+            raise InvalidRequestError(f"{provider}: no spot interruption check is known. To fix: report this.",
+                                      provider=provider)
+        lines += [
+            f'  $hb_limit {run} > "$hb_log" 2>&1 < /dev/null &',
+            "  hb_pid=$!",
+            "  ( while kill -0 \"$hb_pid\" 2>/dev/null; do",
+            f"      if {check}; then",
+            '        : > "$hb_notice"; kill -TERM "$hb_pid" 2>/dev/null; break',
+            "      fi",
+            '      sleep "${HB_INTERRUPT_POLL:-5}"',
+            "    done ) &",
+            "  hb_wpid=$!",
+            '  wait "$hb_pid"',
+            "  hb_rc=$?",
+            '  kill "$hb_wpid" 2>/dev/null',
+        ]
+    else:
+        lines += [
+            f'  $hb_limit {run} > "$hb_log" 2>&1 < /dev/null',
+            "  hb_rc=$?",
+        ]
+    lines += [
         "else",
         "  hb_rc=125",
         "fi",
+        f'[ -e "$hb_notice" ] && for hb_tty in $hb_consoles; do {{ echo {shlex.quote(PREEMPTED_MARKER)} '
+        '>> "$hb_tty"; } 2>/dev/null || :; done',
         f"hb_tail=\"$(tail -c {int(log_tail_bytes)} \"$hb_log\" 2>/dev/null | base64 | tr -d '\\n')\"",
         "for hb_tty in $hb_consoles; do",
         f'  {{ printf \'%s%s\\n%s%s\\n\' {shlex.quote(LOG_TAIL_MARKER)} "$hb_tail" '
-        f'{shlex.quote(EXIT_CODE_MARKER)} "$hb_rc" > "$hb_tty"; }} 2>/dev/null || :',
+        f'{shlex.quote(EXIT_CODE_MARKER)} "$hb_rc" >> "$hb_tty"; }} 2>/dev/null || :',
         "done",
         poweroff,
         "",
@@ -139,6 +190,18 @@ def job_script(
             provider=provider,
         )
     return script
+
+
+def script_for(job: JobSpec, provider: str, *, max_bytes: int, spot: bool = False,
+               max_runtime_hours: float | None = None) -> str:
+    """:func:`job_script` of ``job`` for ``provider``: its command, env (plus ``HB_CHECKPOINT_PATH`` when the
+    spec has a checkpoint), workdir and runtime limit, watching interruptions on spot capacity."""
+    env = dict(job.env)
+    if job.checkpoint is not None and getattr(job.checkpoint, "path", None):
+        env.setdefault("HB_CHECKPOINT_PATH", str(job.checkpoint.path))
+    return job_script(job.command, env, job.workdir, provider=provider, max_bytes=max_bytes,
+                      runtime_limit_seconds=runtime_limit_seconds(job, max_runtime_hours),
+                      watch_interruptions=spot)
 
 
 def parse_exit_code(console: str) -> int | None:
@@ -158,5 +221,6 @@ def parse_log_tail(console: str) -> str:
 
 
 def parse_report(console: str) -> Report:
-    """Exit code and log tail a job's VM wrote on its console (:func:`job_script`)."""
-    return Report(parse_exit_code(console), parse_log_tail(console))
+    """Exit code, log tail and interruption a job's VM wrote on its console (:func:`job_script`)."""
+    preempted = re.search(r"^" + re.escape(PREEMPTED_MARKER) + r"\r?$", console, re.MULTILINE) is not None
+    return Report(parse_exit_code(console), parse_log_tail(console), preempted)

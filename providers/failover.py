@@ -35,14 +35,13 @@ from broker.errors import (
     QuotaError,
     TransientError,
 )
-from broker.model import Attempt, Instance, InstanceState, JobSpec, PlacementOption, RetryPolicy
+from broker.model import Attempt, Instance, JobSpec, PlacementOption, RetryPolicy
 
 from .base import TAG_REQUEST, Capability, Provider, offer_from_option
 from .errors import map_exception
 
 __all__ = ["Blocklist", "ProvisionOutcome", "provision", "backoff_delay"]
 
-_DONE = {InstanceState.TERMINATED, InstanceState.SUCCEEDED, InstanceState.FAILED}
 
 
 class Blocklist:
@@ -251,7 +250,9 @@ def _cleanup_provider(provider: Provider, request_id: str, keep: Sequence[str] |
     """Terminate every live instance tagged with ``request_id`` on ``provider`` except ``keep``."""
     try:
         found = provider.instances({TAG_REQUEST: request_id})
-        ids = [i.id for i in found if i.id not in keep and i.state not in _DONE]
+        # stopped/ended ones too: a stopped GCE or Azure VM still bills its disk until it is deleted
+        # (terminate is idempotent: an instance that is already gone is skipped by the adapter)
+        ids = [i.id for i in found if i.id not in keep]
         if ids:
             provider.terminate(ids, f"{request_id}:cleanup")
     except Exception:  # noqa: BLE001 - cleanup is best effort; the broker reconciles by tag later

@@ -21,10 +21,13 @@ Cloud Billing Catalog API (over httpx) for prices.
   ``<zone>/<name>``. A launch without a zone tries the region's zones in order and moves to the next zone on
   ``ZONE_RESOURCE_POOL_EXHAUSTED`` as long as nothing was created for the request yet.
 
-Credentials: a service-account JSON key (``credentials_file``, else ``GOOGLE_APPLICATION_CREDENTIALS``);
-project from ``project``, else ``GOOGLE_CLOUD_PROJECT``, else the key's ``project_id``. Libcloud caches the
-OAuth2 token in ``token_cache`` (default ``~/.google_libcloud_auth.<project>``). ``endpoint`` /
-``billing_url`` / ``ca_bundle`` point at other endpoints (tests, private service connect).
+Credentials: a service-account JSON key (``credentials_file``, else ``GOOGLE_APPLICATION_CREDENTIALS``), through
+Libcloud's own OAuth2 flow (it caches the token in ``token_cache``, default ``~/.google_libcloud_auth.<project>``);
+any other credential goes through google-auth: an ADC file of another type (``authorized_user`` from
+``gcloud auth application-default login``, ``external_account`` for workload identity federation), else
+Application Default Credentials (the GKE workload identity / GCE metadata server), or google-auth
+``credentials`` passed in. Project from ``project``, else ``GOOGLE_CLOUD_PROJECT``, else the key's or ADC's.
+``endpoint`` / ``billing_url`` / ``ca_bundle`` point at other endpoints (tests, private service connect).
 """
 
 from __future__ import annotations
@@ -42,15 +45,16 @@ from typing import Any
 from urllib.parse import urlparse
 
 import httpx
-from libcloud.common.google import ResourceExistsError, ResourceNotFoundError
+from libcloud.common.google import GoogleBaseConnection, ResourceExistsError, ResourceNotFoundError
 from libcloud.compute.drivers.gce import GCEConnection, GCENodeDriver
 
 from broker.errors import AuthError, CapacityError, InvalidRequestError, ProviderError
 from broker.model import Capacity, Instance, InstanceState, InstanceType, JobSpec, Location, Offer, Provenance
 
-from .base import TAG_REQUEST, Capability, launch_tags, matches_tags, require_count
-from .bootstrap import Report, job_script, parse_report, runtime_limit_seconds
+from .base import TAG_JOB, TAG_REQUEST, Capability, launch_tags, matches_tags, reclaimed_error, require_count
+from .bootstrap import Report, parse_report, runtime_limit_seconds, script_for
 from .errors import map_errors
+from .images import GCP_IMAGES, pick
 
 __all__ = [
     "GcpProvider",
@@ -317,18 +321,47 @@ def _last(link: str | None) -> str:
 # -- libcloud wiring --------------------------------------------------------------------------------------
 
 
-def _driver_class(endpoint: str | None, ca_bundle: str | None, poll_interval_seconds: float) -> type[Any]:
+class _GoogleAuthToken:
+    """What Libcloud's connection reads (``access_token``) from google-auth credentials, refreshed when
+    expired (Application Default Credentials, workload identity federation, the metadata server)."""
+
+    def __init__(self, credentials: Any) -> None:
+        self.credentials = credentials
+        self._lock = threading.Lock()
+
+    @property
+    def access_token(self) -> str:
+        with self._lock:
+            if not self.credentials.valid:
+                from google.auth.transport.requests import Request
+
+                self.credentials.refresh(Request())
+            return str(self.credentials.token)
+
+
+def _driver_class(endpoint: str | None, ca_bundle: str | None, poll_interval_seconds: float,
+                  google_credentials: Any = None) -> type[Any]:
     """A GCE driver class whose connection goes to ``endpoint`` (host and port set on a connection subclass:
     Libcloud's ``host``/``port`` driver kwargs collide with GCEConnection's positional arguments) and trusts
     ``ca_bundle`` for that connection only (no global ``libcloud.security`` change)."""
     url = urlparse(endpoint) if endpoint else None
-    attrs: dict[str, Any] = {"poll_interval": poll_interval_seconds, "hb_port": None, "hb_ca": ca_bundle}
+    attrs: dict[str, Any] = {"poll_interval": poll_interval_seconds, "hb_port": None, "hb_ca": ca_bundle,
+                             "hb_google": google_credentials}
     if url is not None:
         attrs["host"] = url.hostname
         attrs["hb_port"] = url.port or (443 if url.scheme == "https" else 80)
 
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        GCEConnection.__init__(self, *args, **kwargs)
+    def __init__(self: Any, user_id: Any, key: Any, secure: bool = True, auth_type: Any = None,
+                 credential_file: Any = None, project: Any = None, **kwargs: Any) -> None:
+        if self.hb_google is None:
+            GCEConnection.__init__(self, user_id, key, secure, auth_type=auth_type, credential_file=credential_file,
+                                   project=project, **kwargs)
+        else:  # google-auth credentials (ADC, workload identity): Libcloud's own OAuth2 flow is skipped
+            kwargs.pop("scopes", None)
+            super(GoogleBaseConnection, self).__init__(user_id, key, secure=secure, **kwargs)
+            self.oauth2_credential = _GoogleAuthToken(self.hb_google)
+            self.request_path = f"/compute/v1/projects/{project}"
+            self.gce_params = None
         if self.hb_port:
             self.port = self.hb_port
 
@@ -367,35 +400,50 @@ class GcpProvider:
         billing_url: str = DEFAULT_BILLING_URL,
         ca_bundle: str | None = None,
         token_cache: str | None = None,
-        image: str = DEFAULT_IMAGE,
+        image: str | None = None,
         network: str = "default",
         disk_gb: int = 20,
         poll_interval_seconds: float = 2.0,
         subnetwork: str | None = None,
         external_ip: bool = True,
         max_runtime_hours: float | None = None,
+        credentials: Any = None,
+        images: Mapping[str, str] | None = None,
     ) -> None:
         path = credentials_file or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
-        if not path:
-            raise AuthError(
-                "gcp: no service-account key. To fix: set GOOGLE_APPLICATION_CREDENTIALS to a service-account "
-                "JSON key (or pass credentials_file).",
-                provider="gcp",
-            )
-        try:
-            key = json.loads(Path(path).read_text())
-            email = str(key["client_email"])
-            if "private_key" not in key:
-                raise KeyError("private_key")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise AuthError(
-                f"gcp: cannot use {path} as a service-account key ({type(exc).__name__}: {exc}). To fix: "
-                "download a JSON key of a service account from IAM and point GOOGLE_APPLICATION_CREDENTIALS at it.",
-                provider="gcp",
-            ) from exc
+        key: dict[str, Any] = {}
+        if path:
+            try:
+                key = json.loads(Path(path).read_text())
+                if not isinstance(key, dict):
+                    raise ValueError("not a JSON object")
+            except (OSError, ValueError) as exc:
+                raise AuthError(
+                    f"gcp: cannot read {path} ({type(exc).__name__}: {exc}). To fix: point "
+                    "GOOGLE_APPLICATION_CREDENTIALS at a service-account key or an ADC/workload identity file.",
+                    provider="gcp",
+                ) from exc
+        email = "adc"
+        if credentials is None and key.get("type", "service_account") == "service_account" and path:
+            try:
+                email = str(key["client_email"])
+                if "private_key" not in key:
+                    raise KeyError("private_key")
+            except (KeyError, TypeError) as exc:
+                raise AuthError(
+                    f"gcp: cannot use {path} as a service-account key ({type(exc).__name__}: {exc}). To fix: "
+                    "download a JSON key of a service account from IAM and point GOOGLE_APPLICATION_CREDENTIALS at "
+                    "it.",
+                    provider="gcp",
+                ) from exc
+        elif credentials is None:  # ADC: gcloud login, workload identity federation, GKE/GCE metadata server
+            credentials, adc_project = _default_credentials(path)
+            adc_project = adc_project or getattr(credentials, "quota_project_id", None)
+            key = {"project_id": adc_project} if adc_project else {}
         proj = project or os.environ.get("GOOGLE_CLOUD_PROJECT") or key.get("project_id")
         if not proj:
             raise AuthError("gcp: no project. To fix: set GOOGLE_CLOUD_PROJECT.", provider="gcp")
+        self.google_credentials = credentials
         self.project = str(proj)
         self.zones = list(zones)
         if not self.zones:
@@ -406,7 +454,8 @@ class GcpProvider:
         self.billing_url = billing_url.rstrip("/")
         self.ca_bundle = ca_bundle
         self.token_cache = token_cache
-        self.image = image
+        self.image = image  # one image for every instance; else by arch/GPU (images, providers/images.py)
+        self.images = dict(images or {})
         self.network = network
         self.disk_gb = disk_gb
         self.subnetwork = subnetwork
@@ -414,7 +463,7 @@ class GcpProvider:
         self.max_runtime_hours = max_runtime_hours
         self._reports: dict[str, Report] = {}  # instance id -> what its serial console reported
         self.poll_interval_seconds = poll_interval_seconds
-        self._driver_cls = _driver_class(endpoint, ca_bundle, poll_interval_seconds)
+        self._driver_cls = _driver_class(endpoint, ca_bundle, poll_interval_seconds, credentials)
         self._drv: Any = None
         self._lock = threading.Lock()
         self._errors: list[ProviderError] = []
@@ -428,8 +477,8 @@ class GcpProvider:
             if self._drv is None:
                 with map_errors(self.name):
                     self._drv = self._driver_cls(
-                        self.service_account, self.credentials_file, project=self.project, auth_type="SA",
-                        scopes=SCOPES, credential_file=self.token_cache,
+                        self.service_account, self.credentials_file or "", project=self.project,
+                        auth_type="SA", scopes=SCOPES, credential_file=self.token_cache,
                     )
             return self._drv
 
@@ -588,6 +637,9 @@ class GcpProvider:
         SPOT``, stopped on preemption so the broker sees it and deletes it), not a legacy preemptible VM."""
         host, model, n = split_gpu_type(offer.instance_type.name)
         items = [{"key": TAGS_METADATA_KEY, "value": json.dumps(dict(tags), sort_keys=True)}]
+        image = self.image or str(pick("gcp", offer.instance_type, GCP_IMAGES, self.images, region=offer.region))
+        if offer.instance_type.gpus and "deeplearning-platform-release" in image:
+            items.append({"key": "install-nvidia-driver", "value": "True"})  # DLVM installs it at first boot
         scheduling: dict[str, Any] = {"provisioningModel": "STANDARD", "automaticRestart": True,
                                       "onHostMaintenance": "MIGRATE"}
         if offer.capacity is Capacity.SPOT:
@@ -597,9 +649,9 @@ class GcpProvider:
             scheduling["onHostMaintenance"] = "TERMINATE"  # GPUs cannot live-migrate
         if job is not None and job.command:
             limit = runtime_limit_seconds(job, self.max_runtime_hours)
-            items.append({"key": STARTUP_SCRIPT_KEY, "value": job_script(
-                job.command, job.env, job.workdir, runtime_limit_seconds=limit, provider="gcp",
-                max_bytes=METADATA_VALUE_MAX_BYTES)})
+            items.append({"key": STARTUP_SCRIPT_KEY, "value": script_for(
+                job, "gcp", max_bytes=METADATA_VALUE_MAX_BYTES, spot=offer.capacity is Capacity.SPOT,
+                max_runtime_hours=self.max_runtime_hours)})
             scheduling |= {"maxRunDuration": {"seconds": str(limit + 900)}, "instanceTerminationAction": "STOP"}
         nic: dict[str, Any] = ({"subnetwork": self.subnetwork} if self.subnetwork
                                else {"network": f"global/networks/{self.network}"})
@@ -614,7 +666,7 @@ class GcpProvider:
                        "deviceName": name,
                        "initializeParams": {"diskName": name, "diskSizeGb": str(self.disk_gb),
                                             "diskType": f"zones/{zone}/diskTypes/pd-balanced",
-                                            "sourceImage": self.image, "labels": gce_labels(tags)}}],
+                                            "sourceImage": image, "labels": gce_labels(tags)}}],
             "networkInterfaces": [nic],
             "scheduling": scheduling,
         }
@@ -721,10 +773,10 @@ class GcpProvider:
             spot = bool(sched.get("preemptible")) or sched.get("provisioningModel") == "SPOT"
             if inst.state is InstanceState.TERMINATED:
                 report = self._report(raw, inst)
-                if report.exit_code is not None:
+                if report.exit_code is not None and not report.preempted:
                     inst = replace(inst, state=InstanceState.SUCCEEDED if report.exit_code == 0
                                    else InstanceState.FAILED, exit_code=report.exit_code, log_tail=report.log_tail)
-                elif spot:
+                elif spot or report.preempted:
                     self._preempted(inst)
             out.append(inst)
         return out
@@ -751,15 +803,9 @@ class GcpProvider:
 
     def _preempted(self, inst: Instance) -> None:
         with self._lock:
-            if inst.id in self._ended:
-                return
-            self._ended.add(inst.id)
-            self._errors.append(CapacityError(
-                f"gcp:{inst.region}: spot instance {inst.id} was preempted. To fix: nothing; the "
-                "broker reschedules the job (use on-demand capacity to avoid preemption).",
-                provider="gcp", region=inst.region, request_id=inst.tags.get(TAG_REQUEST),
-                code="preempted", retryable=True,
-            ))
+            if inst.id not in self._ended:  # reported once
+                self._ended.add(inst.id)
+                self._errors.append(reclaimed_error(inst, "was preempted", "preempted"))
 
     def terminate(self, ids: Sequence[str], request_id: str) -> None:
         """Delete instances ``<zone>/<name>`` (and their auto-delete boot disks); unknown ids are ignored."""
@@ -781,10 +827,61 @@ class GcpProvider:
                 except ResourceNotFoundError:
                     continue
 
+    def orphans(self, active_jobs: set[str]) -> list[Any]:
+        """Boot disks labelled ``hb-request`` that no instance uses and whose job is not active (a VM deleted
+        without its disk, a disk whose instance insert failed)."""
+        from .sweeper import Orphan
+
+        active = {gce_label(j) for j in active_jobs}
+        out = []
+        with map_errors(self.name):
+            for page in self._pages("/aggregated/disks", {"filter": f"(labels.{TAG_REQUEST}:*)"}):
+                for scoped in (page.get("items") or {}).values():
+                    for d in scoped.get("disks") or []:
+                        labels = d.get("labels") or {}
+                        if d.get("users") or TAG_REQUEST not in labels or labels.get(TAG_JOB) in active:
+                            continue
+                        out.append(Orphan("gcp", "disk", f"{_last(d.get('zone'))}/{d['name']}",
+                                          labels.get(TAG_JOB, ""), labels.get(TAG_REQUEST, "")))
+        return out
+
+    def delete_orphans(self, items: Sequence[Any]) -> None:
+        drv = self._driver()
+        for o in items:
+            zone, _, name = str(o.id).rpartition("/")
+            with map_errors(self.name, _region_of_zone(zone)):
+                try:
+                    drv.connection.async_request(f"/zones/{zone}/disks/{name}", method="DELETE")
+                except ResourceNotFoundError:
+                    continue
+
     def poll_errors(self) -> list[ProviderError]:
         with self._lock:
             out, self._errors = self._errors, []
             return out
+
+
+def _default_credentials(path: str | None) -> tuple[Any, str | None]:
+    """google-auth credentials and project from ``path`` (an ADC file that is not a service-account key:
+    ``authorized_user``, ``external_account`` for workload identity federation, ``impersonated_service_account``)
+    or from Application Default Credentials (gcloud's ADC file, the GKE/GCE metadata server)."""
+    try:
+        import google.auth
+        from google.auth.exceptions import DefaultCredentialsError
+    except ImportError as exc:
+        raise AuthError("gcp: Application Default Credentials need google-auth. To fix: pip install "
+                        "'hybrid-broker[gcp]' (or use a service-account key).", provider="gcp") from exc
+    try:
+        if path:
+            return google.auth.load_credentials_from_file(path, scopes=SCOPES)
+        return google.auth.default(scopes=SCOPES)
+    except DefaultCredentialsError as exc:
+        raise AuthError(
+            f"gcp: no usable credentials ({exc}). To fix: set GOOGLE_APPLICATION_CREDENTIALS to a service-account "
+            "key or a workload identity configuration, run `gcloud auth application-default login`, or run on "
+            "GCE/GKE with a service account.",
+            provider="gcp",
+        ) from exc
 
 
 def _continent(region: str) -> str:

@@ -71,7 +71,7 @@ def create(name: str, **options: Any) -> Provider:
                 "`dryrun` for it, or one of aws, azure, gcp, onprem.",
                 provider=name,
             ) from exc
-        extra = {"aws": "aws", "azure": "azure", "ray": "ray"}.get(name, "server")
+        extra = {"aws": "aws", "azure": "azure", "gcp": "gcp", "ray": "ray"}.get(name, "server")
         raise AuthError(
             f"provider {name!r} needs a package that is not installed ({exc.name}). "
             f"To fix: pip install 'hybrid-broker[{extra}]'.",
@@ -117,6 +117,12 @@ def _check_azure() -> ProviderCheck:
         source = "environment (client secret)"
     elif os.environ.get("AZURE_CLIENT_ID") and os.environ.get("AZURE_FEDERATED_TOKEN_FILE"):
         source = "environment (workload identity)"
+    elif os.environ.get("IDENTITY_ENDPOINT") or os.environ.get("MSI_ENDPOINT"):
+        # Container Apps, App Service, Functions, Arc: the platform's managed identity endpoint
+        source = "managed identity" + (f" (client id {os.environ['AZURE_CLIENT_ID']})"
+                                       if os.environ.get("AZURE_CLIENT_ID") else " (system-assigned)")
+    elif os.environ.get("BROKER_AZURE_MANAGED_IDENTITY", "").lower() in ("1", "true", "yes"):
+        source = "managed identity (VM/VMSS instance metadata service)"
     elif (Path.home() / ".azure" / "msal_token_cache.json").exists():
         source = "Azure CLI login (~/.azure)"
     else:
@@ -124,7 +130,8 @@ def _check_azure() -> ProviderCheck:
             "azure",
             False,
             "no Azure credentials found. To fix: set AZURE_CLIENT_ID, AZURE_TENANT_ID, AZURE_CLIENT_SECRET "
-            "and AZURE_SUBSCRIPTION_ID, or run `az login`. Placements on azure run in dry-run mode until then.",
+            "and AZURE_SUBSCRIPTION_ID, run `az login`, or on an Azure VM with a managed identity set "
+            "BROKER_AZURE_MANAGED_IDENTITY=true. Placements on azure run in dry-run mode until then.",
         )
     if not sub:
         return ProviderCheck(
@@ -139,31 +146,50 @@ def _check_gcp() -> ProviderCheck:
             "gcp", False, "apache-libcloud is not installed. To fix: pip install 'hybrid-broker[server]'."
         )
     path = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+    project = os.environ.get("GOOGLE_CLOUD_PROJECT")
     if not path:
-        return ProviderCheck(
-            "gcp",
-            False,
-            "GOOGLE_APPLICATION_CREDENTIALS is not set. To fix: point it at a service-account JSON key and "
-            "set GOOGLE_CLOUD_PROJECT. Placements on gcp run in dry-run mode until then.",
-        )
+        adc = Path(os.environ.get("CLOUDSDK_CONFIG") or Path.home() / ".config" / "gcloud") / \
+            "application_default_credentials.json"
+        if adc.exists():
+            path = str(adc)
+        elif os.environ.get("GCE_METADATA_HOST") or os.environ.get("BROKER_GCP_METADATA", "").lower() in (
+                "1", "true", "yes"):
+            if not project:
+                return ProviderCheck("gcp", False, "no project. To fix: set GOOGLE_CLOUD_PROJECT.",
+                                     "metadata server")
+            return ProviderCheck("gcp", True, "", f"metadata server (GCE/GKE workload identity, project {project})")
+        else:
+            return ProviderCheck(
+                "gcp",
+                False,
+                "no GCP credentials found. To fix: set GOOGLE_APPLICATION_CREDENTIALS to a service-account key or "
+                "a workload identity configuration, run `gcloud auth application-default login`, or on GCE/GKE set "
+                "BROKER_GCP_METADATA=true; and set GOOGLE_CLOUD_PROJECT. Placements on gcp run in dry-run mode "
+                "until then.",
+            )
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         return ProviderCheck(
             "gcp", False, f"cannot read {path}: {exc}. To fix: check GOOGLE_APPLICATION_CREDENTIALS."
         )
-    if not isinstance(data, dict) or data.get("type") != "service_account" or "client_email" not in data:
+    kind = data.get("type") if isinstance(data, dict) else None
+    if kind not in ("service_account", "authorized_user", "external_account", "impersonated_service_account"):
+        return ProviderCheck(
+            "gcp", False, f"{path} is not a service-account key nor an ADC file. To fix: create a key in IAM, or "
+            "run `gcloud auth application-default login`, or write a workload identity configuration."
+        )
+    if kind == "service_account" and "client_email" not in data:
         return ProviderCheck(
             "gcp", False, f"{path} is not a service-account key. To fix: create one in IAM and download it."
         )
-    project = os.environ.get("GOOGLE_CLOUD_PROJECT") or data.get("project_id")
+    project = project or data.get("project_id") or data.get("quota_project_id")
     if not project:
         return ProviderCheck(
-            "gcp", False, "no project. To fix: set GOOGLE_CLOUD_PROJECT.", "service account " + path
+            "gcp", False, "no project. To fix: set GOOGLE_CLOUD_PROJECT.", f"{kind} {path}"
         )
-    return ProviderCheck(
-        "gcp", True, "", f"GOOGLE_APPLICATION_CREDENTIALS (service account {data['client_email']}, project {project})"
-    )
+    who = f"service account {data['client_email']}" if kind == "service_account" else str(kind).replace("_", " ")
+    return ProviderCheck("gcp", True, "", f"GOOGLE_APPLICATION_CREDENTIALS ({who}, project {project})")
 
 
 def check() -> list[ProviderCheck]:

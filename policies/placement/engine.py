@@ -42,7 +42,7 @@ from policies.placement import (
 from policies.placement.base import Context, Costs, FilterFn, Verdict, isin_codes
 from policies.placement.explain import explain
 from policies.placement.groups import offer_groups
-from pricing.catalog import CAPACITIES, Catalog
+from pricing.catalog import ARCHS, CAPACITIES, Catalog
 from pricing.egress import EgressModel
 from pricing.geo import continent_of
 
@@ -298,6 +298,7 @@ def _options(cat: Catalog, c: Costs, js: list[int]) -> list[PlacementOption]:
     types = cat.type_code[rows].tolist()
     caps = cat.cap_code[rows].tolist()
     accs = cat.acc_code[rows].tolist()
+    arches = cat.arch_code[rows].tolist()
     cols = [cat.vcpus[rows].tolist(), cat.memory_gib[rows].tolist(), cat.gpus[rows].tolist(),
             c.hourly_usd[ja].tolist(), c.compute_usd[ja].tolist(), c.egress_usd[ja].tolist(),
             c.transfer_hours[ja].tolist(), c.total_usd[ja].tolist(), c.finish_hours[ja].tolist()]
@@ -310,7 +311,7 @@ def _options(cat: Catalog, c: Costs, js: list[int]) -> list[PlacementOption]:
             instance_type=cat.type_names[types[n]], capacity=CAPACITIES[caps[n]].value, vcpus=vcpus,
             memory_gib=mem, gpus=gpus, accelerator=cat.accelerators[accs[n]] or None, hourly_usd=hourly,
             compute_usd=compute, egress_usd=egress_usd, transfer_hours=transfer, total_usd=total,
-            site=loc.site.value, finish_hours=finish,
+            site=loc.site.value, finish_hours=finish, arch=ARCHS[int(arches[n])],
         ))
     return out
 

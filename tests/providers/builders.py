@@ -1,9 +1,13 @@
-"""Small builders for provider tests: offers, placement options and job specs."""
+"""Small builders for provider tests: offers, placement options, job specs, and a bounded wait."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from broker.model import (
     Capacity,
+    Instance,
+    InstanceState,
     InstanceType,
     JobSpec,
     Location,
@@ -77,3 +81,18 @@ def make_job(
         env=env or {},
         retry=retry or RetryPolicy(),
     )
+
+
+def wait_ended(provider: Any, request_id: str, timeout: float = 30.0) -> Instance:
+    """Poll ``provider.instances()`` (bounded, 50 ms apart) until the request's one instance has ended."""
+    import time
+
+    from providers.base import TAG_REQUEST
+
+    deadline = time.monotonic() + timeout
+    while True:
+        [inst] = provider.instances({TAG_REQUEST: request_id})
+        if inst.state in (InstanceState.SUCCEEDED, InstanceState.FAILED, InstanceState.TERMINATED):
+            return inst
+        assert time.monotonic() < deadline, f"instance still {inst.state} after {timeout}s"
+        time.sleep(0.05)

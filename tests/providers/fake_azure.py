@@ -444,7 +444,18 @@ def make_app(page_size: int = 4) -> FastAPI:
 
     @app.get(comp + "/disks")
     def list_disks(sub: str, rg: str) -> dict[str, Any]:
-        return {"value": [d for (s, g, _), d in disks.items() if s == sub and g == rg.lower()]}
+        return {"value": [d | {"managedBy": d.get("managedBy")} for (s, g, _), d in disks.items()
+                          if s == sub and g == rg.lower()]}
+
+    @app.delete(comp + "/disks/{name}")
+    def delete_disk(sub: str, rg: str, name: str) -> Response:
+        d = disks.get((sub, rg.lower(), name.lower()))
+        if d is None:
+            return Response(status_code=204)
+        if d.get("managedBy"):
+            return err(409, "OperationNotAllowed", f"Disk {name} is attached to VM {d['managedBy']}.")
+        del disks[(sub, rg.lower(), name.lower())]
+        return Response(status_code=200)
 
     @app.get("/api/retail/prices")
     def prices(request: Request) -> dict[str, Any]:

@@ -216,12 +216,35 @@ def make_app(project: str = "demo-proj", page_cap: int = 2, sku_page_cap: int = 
         instances[(zone, name)]["status"] = "TERMINATED"
 
     app.state.preempt = preempt
+
+    def notice(zone: str, name: str) -> None:
+        """GCE announces the preemption (instance/preempted TRUE) ~30 s before it stops the Spot VM."""
+        guests[(zone, name)].notice()
+
+    app.state.notice = notice
     root = f"/compute/v1/projects/{project}"
     link = f"{BASE}/{project}"
+
+    app.state.bearers = set()  # access tokens seen on Compute calls
+    app.state.issued = []  # access tokens the OAuth2 token endpoint handed out
+
+    @app.post("/token")
+    async def token(request: Request) -> Response:
+        """Google's OAuth2 token endpoint (RFC 6749) for ADC refresh: a refresh_token grant only."""
+        form = dict(await request.form())
+        if form.get("grant_type") != "refresh_token" or not form.get("refresh_token"):
+            return JSONResponse({"error": "invalid_grant", "error_description": "Bad Request"}, status_code=400)
+        tok = f"ya29.adc-{uuid.uuid4().hex[:12]}"
+        app.state.issued.append(tok)
+        return JSONResponse({"access_token": tok, "expires_in": 3599, "token_type": "Bearer",
+                             "scope": "https://www.googleapis.com/auth/cloud-platform"})
 
     @app.middleware("http")
     async def record(request: Request, call_next: Any) -> Response:
         app.state.requests.append((request.method, request.url.path))
+        auth = request.headers.get("authorization", "")
+        if request.url.path.startswith("/compute/") and auth.startswith("Bearer "):
+            app.state.bearers.add(auth.removeprefix("Bearer "))
         if request.url.path.startswith("/compute/") and not request.headers.get("authorization", "").startswith(
                 "Bearer "):
             return _error(401, "required", "Login Required.")
@@ -351,7 +374,7 @@ def make_app(project: str = "demo-proj", page_cap: int = 2, sku_page_cap: int = 
                                                                                             or 10),
             "zone": f"{link}/zones/{zone}", "status": "READY", "sourceImage": init.get("sourceImage"),
             "type": f"{link}/zones/{zone}/diskTypes/pd-balanced", "users": [inst_link], "selfLink": disk_link,
-            "creationTimestamp": _now(),
+            "creationTimestamp": _now(), "labels": init.get("labels") or {},
         }
         asked = body["networkInterfaces"][0]
         nic = {"kind": "compute#networkInterface", "name": "nic0",
@@ -498,10 +521,26 @@ def make_app(project: str = "demo-proj", page_cap: int = 2, sku_page_cap: int = 
                                            "not found")
         return JSONResponse(disk)
 
+    @app.delete(f"{root}/zones/{{zone}}/disks/{{name}}")
+    def delete_disk(zone: str, name: str) -> Response:
+        disk = disks.get((zone, name))
+        if disk is None:
+            return _error(404, "notFound", f"The resource 'projects/{project}/zones/{zone}/disks/{name}' was "
+                                           "not found")
+        if disk.get("users"):
+            return _error(400, "resourceInUseByAnotherResource", f"The disk resource '{disk['selfLink']}' is "
+                          f"already being used by '{disk['users'][0]}'")
+        return JSONResponse(new_op(zone, "delete", disk["selfLink"], lambda: disks.pop((zone, name), None)))
+
     @app.get(f"{root}/aggregated/disks")
-    def aggregated_disks() -> dict[str, Any]:
+    def aggregated_disks(request: Request) -> dict[str, Any]:
+        flt = request.query_params.get("filter", "")
+        wanted = [(m.group(1), m.group(2)) for m in _CLAUSE.finditer(flt)]
         items: dict[str, Any] = {}
         for (z, _), d in sorted(disks.items()):
+            labels = d.get("labels") or {}
+            if not all((k in labels) if v is None else labels.get(k) == v for k, v in wanted):
+                continue
             items.setdefault(f"zones/{z}", {"disks": []})["disks"].append(d)
         return {"kind": "compute#diskAggregatedList", "items": items}
 

@@ -3,10 +3,11 @@
 A real VM runs the script as root with the serial port at ``/dev/ttyS0`` and ``poweroff`` stopping it. Here
 the same bytes run with ``sh`` in a subprocess whose environment is the "hardware": ``HB_CONSOLES`` points at
 a file that plays the serial port (the script's own documented override), and ``PATH`` starts with a
-directory holding a ``poweroff`` that only records the power-off. So the exit code the adapter reads back
-really came from the script it sent. Only scripts that :mod:`providers.bootstrap` generated are run (the
-machine running the tests must never be powered off by a stray command); anything else is only stored, like
-a VM whose image ignores it.
+directory holding a ``poweroff`` that only records the power-off and a ``curl`` that plays the metadata
+server (it answers the interruption checks once :meth:`Guest.notice` was called). So the exit code the
+adapter reads back really came from the script it sent. Only scripts that :mod:`providers.bootstrap`
+generated are run (the machine running the tests must never be powered off by a stray command); anything
+else is only stored, like a VM whose image ignores it.
 """
 
 from __future__ import annotations
@@ -55,9 +56,13 @@ class Guest:
         shim = bin_dir / "poweroff"
         shim.write_text(f"#!/bin/sh\ntouch '{marker}'\n")
         shim.chmod(0o755)
+        # The metadata server: every cloud's interruption check (curl) succeeds once notice() was called.
+        curl = bin_dir / "curl"
+        curl.write_text(f"#!/bin/sh\n[ -e '{self.dir / 'notice'}' ] || exit 22\necho TRUE\necho '\"Preempt\"'\n")
+        curl.chmod(0o755)
         (self.dir / "user-data").write_text(self.script or "")
         env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HB_CONSOLES": str(self.serial), "HOME": str(self.dir),
-               "TMPDIR": str(self.dir)}
+               "TMPDIR": str(self.dir), "HB_INTERRUPT_POLL": "0.1"}
 
         def run() -> None:
             with self._lock:
@@ -78,6 +83,10 @@ class Guest:
 
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
+
+    def notice(self) -> None:
+        """The cloud announces the VM's interruption (spot notice / scheduled Preempt event / preempted)."""
+        (self.dir / "notice").touch()
 
     def console(self) -> str:
         return self.serial.read_text(errors="replace")

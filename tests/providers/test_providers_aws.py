@@ -125,7 +125,9 @@ def test_gives_up_after_the_backoff_limit_and_leaves_nothing(aws: AwsProvider, e
     ec2_faults.add(ec2_action("RunInstances"), ec2_error("RequestLimitExceeded", status=503), times=-1)
     out, req, clock = _provision(aws, [US, EU], retry=RetryPolicy(2, 1, 4))
     assert isinstance(out.error, TransientError) and out.error.code == "RequestLimitExceeded"
-    assert len(clock.sleeps) == 2 and live_in_moto(moto_endpoint, req) == []
+    # the backoff limit is per option: both regions got their retries before the call gave up
+    assert [a.region for a in out.attempts] == [US.region] * 3 + [EU.region] * 3
+    assert len(clock.sleeps) == 4 and live_in_moto(moto_endpoint, req) == []
 
 
 def test_auth_failure_stops_at_once(aws: AwsProvider, ec2_faults: FaultProxy) -> None:
@@ -155,3 +157,22 @@ def test_a_launch_that_succeeded_behind_an_error_is_cleaned_up_by_tag(
     assert isinstance(out.error, CapacityError)
     assert live_in_moto(moto_endpoint, req) == []
     assert any(c.action == "TerminateInstances" for c in ec2_faults.calls)
+
+
+def test_a_spot_offer_pins_the_zone_whose_price_it_carries(aws: AwsProvider, ec2_faults: FaultProxy) -> None:
+    from .faultproxy import ec2_response
+
+    rows = "".join(
+        f"<item><instanceType>m5.large</instanceType><productDescription>Linux/UNIX</productDescription>"
+        f"<spotPrice>{usd}</spotPrice><timestamp>2026-12-01T00:00:00.000Z</timestamp>"
+        f"<availabilityZone>{zone}</availabilityZone></item>"
+        for zone, usd in (("us-east-1a", "0.041"), ("us-east-1c", "0.035"), ("us-east-1b", "0.038")))
+    ec2_faults.add(ec2_action("DescribeSpotPriceHistory"),
+                   ec2_response("DescribeSpotPriceHistory", f"<spotPriceHistorySet>{rows}</spotPriceHistorySet>"))
+    aws.regions = ["us-east-1"]
+    [spot] = [o for o in aws.offers() if o.capacity is Capacity.SPOT]
+    assert (spot.instance_type.name, spot.hourly_usd, spot.location.zone) == ("m5.large", 0.035, "us-east-1c")
+    req = f"req-{uuid.uuid4().hex[:8]}"
+    [inst] = aws.launch(spot, 1, req, tags={TAG_JOB: "spot-zone"})
+    assert inst.zone == "us-east-1c"  # launched where it was priced
+    aws.terminate([inst.id], req)

@@ -4,19 +4,23 @@ parser, and the adapter reading a VM's end from ``GetConsoleOutput`` against mot
 from __future__ import annotations
 
 import base64
+import dataclasses
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import boto3
 import pytest
 
 from broker.errors import InvalidRequestError
-from broker.model import InstanceState
+from broker.model import CheckpointSpec, InstanceState
 from providers.aws import (
+    CONSOLE_READS,
     CONSOLES,
     USER_DATA_MAX_BYTES,
     AwsProvider,
@@ -24,7 +28,7 @@ from providers.aws import (
     parse_exit_code,
 )
 from providers.base import TAG_JOB
-from providers.bootstrap import TIMEOUT_EXIT_CODE, job_script, parse_report, runtime_limit_seconds
+from providers.bootstrap import TIMEOUT_EXIT_CODE, job_script, parse_report, runtime_limit_seconds, script_for
 
 from .builders import make_job, make_offer
 from .faultproxy import FaultProxy, ec2_call, ec2_console_output
@@ -270,12 +274,71 @@ def test_an_instance_the_broker_terminated_stays_terminated_without_reading_its_
 
 
 @pytest_moto
-def test_an_ended_vm_without_the_marker_is_terminated_and_asked_only_once(
+def test_an_ended_vm_without_the_marker_is_believed_terminated_after_a_few_console_reads(
     aws: AwsProvider, ec2_faults: FaultProxy, moto_endpoint: str
 ) -> None:
     job_id, iid = _launch(aws)
     _ec2(moto_endpoint).terminate_instances(InstanceIds=[iid])  # e.g. reclaimed: moto's console has no marker
-    for _ in range(2):
-        [inst] = aws.instances({TAG_JOB: job_id})
-        assert (inst.state, inst.exit_code) == (InstanceState.TERMINATED, None)
-    assert _console_calls(ec2_faults, iid) == 1
+    # the console may lag the state: still ending for CONSOLE_READS - 1 reads, then believed, then cached
+    states = [aws.instances({TAG_JOB: job_id})[0].state for _ in range(CONSOLE_READS + 1)]
+    assert states == [InstanceState.RUNNING] * (CONSOLE_READS - 1) + [InstanceState.TERMINATED] * 2
+    assert aws.instances({TAG_JOB: job_id})[0].exit_code is None
+    assert _console_calls(ec2_faults, iid) == CONSOLE_READS
+
+
+def test_rotating_credentials_reach_libcloud_without_a_restart() -> None:
+    """Instance/task roles and SSO hand out keys that expire: boto3 refreshes them and the adapter's Libcloud
+    driver is rebuilt with the new keys, instead of signing with the first frozen copy forever."""
+    from datetime import timedelta
+
+    from botocore.credentials import RefreshableCredentials
+
+    issued = iter(range(1, 100))
+
+    def refresh() -> dict[str, str]:
+        n = next(issued)
+        return {"access_key": f"AKIA{n:04d}", "secret_key": f"s{n}", "token": f"t{n}",
+                "expiry_time": (datetime.now(UTC) + timedelta(hours=1)).isoformat()}
+
+    aws = AwsProvider([REGION], endpoint_url="http://127.0.0.1:9", access_key="x", secret_key="y")
+    creds = RefreshableCredentials.create_from_metadata(refresh(), refresh, "test-role")
+    aws._session._session._credentials = creds  # what boto3 builds for a role, SSO or assumed role
+    first = aws._driver(REGION)
+    assert first.key == "AKIA0001"
+    assert aws._driver(REGION) is first  # same keys: the same driver
+    creds._expiry_time = datetime.now(UTC) - timedelta(seconds=1)  # the role's keys expired
+    again = aws._driver(REGION)
+    assert again is not first and (again.key, again.secret) == ("AKIA0002", "s2")
+
+
+@pytest.mark.skipif(not SH, reason="no sh on PATH to run the generated script with")
+@pytest.mark.parametrize("cloud", ["aws", "azure", "gcp"])
+def test_a_spot_interruption_notice_stops_the_job_to_checkpoint_and_is_reported(cloud: str, tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    notice = tmp_path / "notice"
+    curl = bin_dir / "curl"  # the metadata server: each cloud's interruption check succeeds once notice exists
+    curl.write_text(f"#!/bin/sh\n[ -e '{notice}' ] || exit 22\necho TRUE\necho '\"Preempt\"'\n")
+    curl.chmod(0o755)
+    started = tmp_path / "started"
+    job = make_job("spot", command=("sh", "-c", f'trap "echo saved to $HB_CHECKPOINT_PATH; exit 0" TERM; '
+                                               f'touch {started}; while :; do sleep 0.1; done'))
+    job = dataclasses.replace(job, checkpoint=CheckpointSpec("/ckpt"))
+    script = script_for(job, cloud, max_bytes=USER_DATA_MAX_BYTES, spot=True)
+    console = tmp_path / "console"
+    proc = subprocess.Popen([SH, "-c", script.replace("\npoweroff\n", "\n:\n")], cwd=tmp_path,
+                            env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HB_CONSOLES": str(console),
+                                 "HB_INTERRUPT_POLL": "0.1", "TMPDIR": str(tmp_path)})
+    for _ in range(200):  # bounded: until the job runs
+        if started.exists():
+            break
+        time.sleep(0.05)
+    notice.touch()
+    assert proc.wait(timeout=30) == 0
+    report = parse_report(console.read_text())
+    assert report.preempted and report.exit_code == 0 and report.log_tail.endswith("saved to /ckpt\n")
+
+
+def test_without_a_notice_a_spot_job_is_not_reported_preempted() -> None:
+    assert not parse_report("HB-LOG-TAIL=\nHB-EXIT-CODE=0\n").preempted
+    assert parse_report("HB-PREEMPTED=1\r\nHB-EXIT-CODE=143\r\n").preempted

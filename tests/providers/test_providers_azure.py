@@ -4,9 +4,9 @@ Retail Prices API, with a fault proxy in front that answers ARM's own error payl
 from __future__ import annotations
 
 import random
-import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -18,7 +18,7 @@ from providers.azure import AzureProvider, accelerator_of, parse_retail_prices
 from providers.base import TAG_JOB, TAG_REQUEST, Provider
 from providers.failover import provision
 
-from .builders import make_job, make_offer, make_option
+from .builders import make_job, make_offer, make_option, wait_ended
 from .conftest import FakeCredential
 from .fake_azure import price_rows
 from .faultproxy import FaultProxy, arm_error, request, throttle
@@ -145,14 +145,8 @@ def orphan_disks(azure_fake) -> list[str]:
             if not any(d["managedBy"] == vm["id"] for vm in azure_fake.app.state.vms.values())]
 
 
-def wait_done(azure: AzureProvider, req: str, timeout: float = 30.0) -> Instance:
-    deadline = time.monotonic() + timeout
-    while True:
-        [inst] = azure.instances({TAG_REQUEST: req})
-        if inst.state in (InstanceState.SUCCEEDED, InstanceState.FAILED, InstanceState.TERMINATED):
-            return inst
-        assert time.monotonic() < deadline, f"VM still {inst.state} after {timeout}s"
-        time.sleep(0.05)
+def wait_done(provider: Any, req: str) -> Instance:
+    return wait_ended(provider, req)
 
 
 def _offer(azure: AzureProvider, capacity: Capacity = Capacity.ON_DEMAND, region: str = "eastus"):

@@ -51,13 +51,15 @@ class Ec2Guests:
         self.ec2 = boto3.client("ec2", endpoint_url=moto_endpoint, region_name="us-east-1",
                                 aws_access_key_id="testing", aws_secret_access_key="testing")
         self.faults = faults
+        self.clients = {r: boto3.client("ec2", endpoint_url=moto_endpoint, region_name=r,
+                                        aws_access_key_id="testing", aws_secret_access_key="testing")
+                        for r in ("us-east-1", "us-west-2")}
         self.guests: dict[str, Guest] = {}
         self._lock = threading.Lock()
 
     def step(self) -> None:
         for region in ("us-east-1", "us-west-2"):
-            ec2 = boto3.client("ec2", endpoint_url=self.ec2.meta.endpoint_url, region_name=region,
-                               aws_access_key_id="testing", aws_secret_access_key="testing")
+            ec2 = self.clients[region]
             for res in ec2.describe_instances(Filters=[{"Name": "tag-key", "Values": [TAG_REQUEST]},
                                                        {"Name": "instance-state-name",
                                                         "Values": ["pending", "running"]}])["Reservations"]:
@@ -106,8 +108,9 @@ class Cloud:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-@pytest.fixture
-def aws_cloud(ec2_faults: FaultProxy, moto_endpoint: str) -> Iterator[Cloud]:
+@pytest.fixture(scope="module")
+def aws_cloud(aws_proxy: FaultProxy, moto_endpoint: str) -> Iterator[Cloud]:
+    ec2_faults = aws_proxy
     aws = AwsProvider(["us-east-1", "us-west-2"], endpoint_url=ec2_faults.url, access_key="testing",
                       secret_key="testing")
     guests = Ec2Guests(moto_endpoint, ec2_faults)
@@ -116,8 +119,7 @@ def aws_cloud(ec2_faults: FaultProxy, moto_endpoint: str) -> Iterator[Cloud]:
     def inventory() -> list[str]:
         out = []
         for region in ("us-east-1", "us-west-2"):
-            ec2 = boto3.client("ec2", endpoint_url=moto_endpoint, region_name=region,
-                               aws_access_key_id="testing", aws_secret_access_key="testing")
+            ec2 = guests.clients[region]
             for res in ec2.describe_instances(Filters=[{"Name": "tag-key", "Values": [TAG_REQUEST]}])["Reservations"]:
                 out += [i["InstanceId"] for i in res["Instances"] if i["State"]["Name"] not in ("terminated",)
                         and i["InstanceId"] in mine]
@@ -140,8 +142,9 @@ def aws_cloud(ec2_faults: FaultProxy, moto_endpoint: str) -> Iterator[Cloud]:
     guests.close()
 
 
-@pytest.fixture
-def azure_cloud(arm_faults: FaultProxy, pki, azure_fake) -> Iterator[Cloud]:
+@pytest.fixture(scope="module")
+def azure_cloud(azure_proxy: FaultProxy, pki, azure_fake) -> Iterator[Cloud]:
+    arm_faults = azure_proxy
     az = AzureProvider("sub-1", regions=["eastus", "westeurope"], resource_group="hb-jobs",
                        credential=FakeCredential(), base_url=arm_faults.url, connection_verify=pki.ca_cert,
                        prices_url=arm_faults.url + "/api/retail/prices")
@@ -162,7 +165,7 @@ def azure_cloud(arm_faults: FaultProxy, pki, azure_fake) -> Iterator[Cloud]:
                 inventory, st.evict, capacity, regions=("eastus", "westeurope"))
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def gcp_cloud(gcp_proxy: FaultProxy, gcp_fake, gcp_creds: dict[str, str], pki) -> Iterator[Cloud]:
     gcp_proxy.clear()
     gcp = GcpProvider(GCP_PROJECT, zones=["us-central1-a", "us-central1-b", "europe-west1-b"],
@@ -251,12 +254,25 @@ class Broker:
 CLOUDS = ["aws", "azure", "gcp"]
 
 
-@pytest.fixture(params=CLOUDS)
-def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker]:
+@pytest.fixture(scope="module", params=CLOUDS)
+def module_broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    """One broker app per cloud for the module (building an app migrates a store: seconds)."""
     cloud: Cloud = request.getfixturevalue(f"{request.param}_cloud")
-    b = Broker(tmp_path, cloud)
+    b = Broker(tmp_path_factory.mktemp(f"broker-{request.param}"), cloud)
     yield b
     b.close()
+
+
+@pytest.fixture
+def broker(module_broker: Broker, aws_proxy: FaultProxy, azure_proxy: FaultProxy, gcp_proxy: FaultProxy,
+           gcp_fake) -> Iterator[Broker]:
+    """The module's broker with no fault left from an earlier test."""
+    for proxy in (azure_proxy, gcp_proxy):
+        proxy.clear()
+    aws_proxy.clear()
+    gcp_fake.app.state.exhausted.clear()
+    yield module_broker
+    gcp_fake.app.state.exhausted.clear()
 
 
 def test_a_command_job_succeeds_with_its_exit_code_and_log_tail(broker: Broker) -> None:
@@ -322,3 +338,23 @@ def test_a_command_job_is_refused_where_nothing_can_run_it(tmp_path: Path) -> No
     finally:
         b.close()
 
+
+
+def test_a_dry_run_job_ends_flagged_as_simulated(tmp_path: Path) -> None:
+    from broker.clock import ManualClock
+    from providers.dryrun import DryRunProvider
+
+    clock = ManualClock()
+    dry = DryRunProvider("azure", clock=clock)
+    cloud = Cloud("azure", dry, [offer("azure", "eastus", "Standard_D2s_v5", 0.096)], list, lambda i: None,
+                  lambda: None, step=lambda: clock.advance(3600))
+    b = Broker(tmp_path, cloud)
+    try:
+        job = b.submit("sim", ["python", "train.py"])
+        done = b.until(job, {"SUCCEEDED", "FAILED"})
+        assert done["state"] == "SUCCEEDED" and done["dry_run"] is True
+        end = done["events"][-1]
+        assert "simulated" in end["reason"] and end["data"]["dry_run"] is True
+        assert end["data"]["simulated_usd"] >= 0
+    finally:
+        b.close()

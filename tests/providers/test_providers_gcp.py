@@ -8,10 +8,10 @@ import os
 import random
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -34,7 +34,7 @@ from providers.gcp import (
 )
 from providers.refresh import options_from_env, refresh_catalog
 
-from .builders import make_job, make_option
+from .builders import make_job, make_offer, make_option, wait_ended
 from .fake_gcp import RATES, billing_skus, operation_error
 from .faultproxy import FaultProxy, Seen, gce_error, request
 
@@ -421,15 +421,8 @@ def test_cli_check_shows_gcp_with_its_credential_source_and_refresh_works(
 # -- jobs: the startup-script runs in the fake's guest, the exit code and log tail come back -------------
 
 
-def wait_done(gcp: GcpProvider, req: str, timeout: float = 30.0) -> Instance:
-    """Poll ``instances()`` (bounded) until the request's one instance has ended."""
-    deadline = time.monotonic() + timeout
-    while True:
-        [inst] = gcp.instances({TAG_REQUEST: req})
-        if inst.state in (InstanceState.SUCCEEDED, InstanceState.FAILED, InstanceState.TERMINATED):
-            return inst
-        assert time.monotonic() < deadline, f"instance still {inst.state} after {timeout}s"
-        time.sleep(0.05)
+def wait_done(provider: Any, req: str) -> Instance:
+    return wait_ended(provider, req)
 
 
 def inventory(gcp_fake, req: str) -> list[str]:
@@ -539,3 +532,96 @@ def test_the_fake_refuses_inserts_gce_refuses(gcp: GcpProvider, gcp_fake, pki, m
     resp = httpx.post(f"{gcp_fake.url}/compute/v1/projects/{PROJECT}/zones/us-central1-a/instances", json=body,
                       headers={"Authorization": "Bearer fake"}, verify=pki.ca_cert, timeout=10)
     assert resp.status_code in (400, 404) and resp.json()["error"]["errors"][0]["reason"] == reason
+
+
+# -- credentials: Application Default Credentials through google-auth --------------------------------------
+
+
+def test_google_auth_credentials_are_refreshed_and_sign_the_compute_calls(
+    gcp_fake, gce_faults: FaultProxy, pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What ADC yields (user credentials with a refresh token; workload identity's are refreshed the same
+    way): the first call refreshes at the token endpoint and that token signs the insert."""
+    google_credentials = pytest.importorskip("google.oauth2.credentials")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", pki.ca_cert)  # google-auth's transport trusts the fake's CA
+    creds = google_credentials.Credentials(token=None, refresh_token="1//refresh", client_id="c", client_secret="s",
+                                           token_uri=f"{gcp_fake.url}/token")
+    gcp = GcpProvider(PROJECT, zones=ZONES, credentials=creds, endpoint=gce_faults.url, billing_url=gce_faults.url,
+                      ca_bundle=pki.ca_cert, poll_interval_seconds=0)
+    req = new_request()
+    [inst] = gcp.launch(make_offer("gcp", "us-central1", "e2-small", 0.02), 1, req, tags={TAG_JOB: "adc"})
+    issued = gcp_fake.app.state.issued
+    assert issued and issued[-1] in gcp_fake.app.state.bearers  # the refreshed token signed the insert
+    gcp.terminate([inst.id], req)
+
+
+def test_an_adc_file_of_a_user_login_is_loaded_through_google_auth(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("google.auth")
+    adc = tmp_path / "application_default_credentials.json"
+    adc.write_text(json.dumps({"type": "authorized_user", "client_id": "c", "client_secret": "s",
+                               "refresh_token": "1//r", "quota_project_id": "quota-proj"}))
+    monkeypatch.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
+    gcp = GcpProvider(zones=ZONES, credentials_file=str(adc))
+    assert gcp.project == "quota-proj" and type(gcp.google_credentials).__name__ == "Credentials"
+
+
+def test_a_file_that_is_no_credential_is_a_clear_auth_error(tmp_path: Path) -> None:
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps({"type": "nonsense"}))
+    with pytest.raises(AuthError, match="To fix"):
+        GcpProvider(PROJECT, credentials_file=str(bad))
+
+
+CHECK_CASES = [
+    ("an authorized_user ADC file is a credential source", {"type": "authorized_user", "client_id": "c",
+                                                             "client_secret": "s", "refresh_token": "r"},
+     {"GOOGLE_CLOUD_PROJECT": "p1"}, True, "authorized user"),
+    ("a workload identity (external_account) file is a credential source",
+     {"type": "external_account", "audience": "//iam.googleapis.com/x", "subject_token_type": "t",
+      "token_url": "https://sts.googleapis.com/v1/token", "credential_source": {"file": "/t"}},
+     {"GOOGLE_CLOUD_PROJECT": "p1"}, True, "external account"),
+    ("a JSON that is no credential is refused", {"type": "nonsense"}, {"GOOGLE_CLOUD_PROJECT": "p1"}, False, ""),
+]
+
+
+@pytest.mark.parametrize(("doc", "env", "usable", "source"), [c[1:] for c in CHECK_CASES],
+                         ids=[c[0] for c in CHECK_CASES])
+def test_check_recognises_adc_and_workload_identity(doc, env, usable, source, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "cred.json"
+    path.write_text(json.dumps(doc))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(path))
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    [gcp] = [c for c in registry.check() if c.name == "gcp"]
+    assert gcp.usable is usable and source in gcp.credentials_source
+    assert usable or "To fix" in gcp.reason
+
+
+def test_check_recognises_the_metadata_server_when_told(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))  # no gcloud ADC file here
+    monkeypatch.setenv("BROKER_GCP_METADATA", "true")
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "p2")
+    [gcp] = [c for c in registry.check() if c.name == "gcp"]
+    assert gcp.usable and "metadata server" in gcp.credentials_source
+
+
+def test_a_preemption_notice_stops_the_spot_job_which_reports_it_and_is_placed_again(gcp: GcpProvider,
+                                                                                    gcp_fake) -> None:
+    req = new_request()
+    job = make_job("gce-notice", command=("sh", "-c", "trap 'echo checkpoint; exit 0' TERM; "
+                                                      "while :; do sleep 0.1; done"))
+    [inst] = gcp.launch(_job_offer(gcp, Capacity.SPOT), 1, req, tags={TAG_JOB: "gce-notice"}, job=job)
+    raw = gcp_fake.app.state.instances[tuple(inst.id.split("/"))]
+    script = next(i["value"] for i in raw["metadata"]["items"] if i["key"] == STARTUP_SCRIPT_KEY)
+    assert "instance/preempted" in script  # spot: the watcher is in the script the VM got
+    gcp.instances({TAG_REQUEST: req})  # the guest boots with the insert's operation
+    gcp_fake.app.state.notice(*inst.id.split("/"))
+    done = wait_done(gcp, req)
+    assert (done.state, done.exit_code) == (InstanceState.TERMINATED, None)  # not SUCCEEDED: it was cut short
+    [err] = gcp.poll_errors()
+    assert isinstance(err, CapacityError) and err.code == "preempted"
+    gcp.terminate([done.id], req)
+    assert live(gcp_fake, req) == []

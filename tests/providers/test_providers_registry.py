@@ -148,3 +148,28 @@ def test_a_bad_runtime_limit_in_the_environment_is_a_clear_error() -> None:
 
     with pytest.raises(InvalidRequestError, match="To fix"):
         options_from_env("gcp", {"BROKER_MAX_RUNTIME_HOURS": "soon"})
+
+
+AZURE_MI = [
+    ("the platform's managed identity endpoint (Container Apps, App Service)",
+     {"IDENTITY_ENDPOINT": "http://127.0.0.1:42356/msi/token", "AZURE_CLIENT_ID": "cid-1"}, "client id cid-1"),
+    ("a VM's identity when told", {"BROKER_AZURE_MANAGED_IDENTITY": "true"}, "instance metadata"),
+]
+
+
+@pytest.mark.parametrize(("env", "source"), [c[1:] for c in AZURE_MI], ids=[c[0] for c in AZURE_MI])
+def test_azure_managed_identity_is_recognised(env, source, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    for k in ("AZURE_CLIENT_SECRET", "AZURE_TENANT_ID", "AZURE_FEDERATED_TOKEN_FILE", "AZURE_CLIENT_ID",
+              "IDENTITY_ENDPOINT", "MSI_ENDPOINT", "BROKER_AZURE_MANAGED_IDENTITY"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no az login cache
+    monkeypatch.setenv("AZURE_SUBSCRIPTION_ID", "sub-1")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    [azure] = [c for c in registry.check() if c.name == "azure"]
+    assert azure.usable and "managed identity" in azure.credentials_source and source in azure.credentials_source
+    from azure.identity import ManagedIdentityCredential
+
+    from providers.azure import AzureProvider
+
+    assert isinstance(AzureProvider()._cred(), ManagedIdentityCredential)

@@ -48,16 +48,20 @@ IMPLIED: dict[str, dict[str, str]] = {
         "Microsoft.Network/networkInterfaces/join/action": "a new VM joins the network interface named in "
         "its networkProfile",
     },
+    "Microsoft.Network/networkInterfaces/write": {
+        "Microsoft.Network/virtualNetworks/subnets/join/action": "a new NIC joins the subnet named in its "
+        "ipConfigurations",
+    },
     "compute.instances.create": {
         "compute.disks.create": "the boot disk is created with the instance",
         "compute.images.useReadOnly": "the boot disk is created from a public image",
         "compute.networks.use": "the instance is attached to a network",
-        "compute.networks.useExternalIp": "libcloud gives the instance an ephemeral external IP by default",
+        "compute.networks.useExternalIp": "the instance gets an ephemeral external IP (external_ip=True)",
+        "compute.disks.setLabels": "labels (hb-job) passed on the boot disk at creation",
         "compute.subnetworks.use": "the instance is attached to a subnetwork",
         "compute.subnetworks.useExternalIp": "the external IP is on the subnetwork",
         "compute.instances.setMetadata": "metadata passed at creation",
         "compute.instances.setLabels": "labels (hb-job) passed at creation",
-        "compute.instances.setTags": "network tags passed at creation",
         "compute.zoneOperations.get": "libcloud polls the zone operation until the instance exists",
     },
     "compute.machineTypes.list": {
@@ -370,10 +374,15 @@ def gce_permission(path: str, http_method: str) -> str | None:
     elif segs[1] == "family":
         verb = "getFromFamily"
     else:
-        verb = segs[2]
+        verb = _GCE_CUSTOM_VERBS.get(segs[2], segs[2])
     if not re.fullmatch(r"[a-zA-Z]+", verb):
         return None
     return f"compute.{collection}.{verb}"
+
+
+# REST paths whose method (and so IAM permission) is not the path segment (Compute API reference).
+_GCE_CUSTOM_VERBS = {"serialPort": "getSerialPortOutput", "guestAttributes": "getGuestAttributes",
+                     "screenshot": "getScreenshot"}
 
 
 def _assigned_paths(nodes: list[ast.AST], methods: dict[str, ast.FunctionDef]) -> dict[str, set[str]]:
@@ -490,10 +499,18 @@ def _scan_libcloud_gce(tree: ast.Module, rel: str, scan: Scan) -> None:
 # --- azure-mgmt-compute -> Azure RBAC actions ----------------------------------------------------------
 
 
+# The ARM SDKs the adapters use, and the client class name each is reported as.
+AZURE_SDKS = (("azure.mgmt.compute", "ComputeManagementClient"), ("azure.mgmt.network", "NetworkManagementClient"),
+              ("azure.mgmt.resource.resources", "ResourceManagementClient"))
+
+
 @functools.cache
-def _azure_compute() -> tuple[dict[str, str], dict[str, dict[str, ast.FunctionDef]], dict[str, tuple[str, str]]]:
-    """(client attribute -> operations class, class -> methods, build function -> (HTTP method, URL))."""
-    base = _module_path("azure.mgmt.compute").parent
+def _azure_compute(
+    module: str = "azure.mgmt.compute",
+) -> tuple[dict[str, str], dict[str, dict[str, ast.FunctionDef]], dict[str, tuple[str, str]]]:
+    """(client attribute -> operations class, class -> methods, build function -> (HTTP method, URL)) of one
+    ARM SDK (compute by default)."""
+    base = _module_path(module).parent
     client = ast.parse((base / "_client.py").read_text())
     groups: dict[str, str] = {}
     for node in ast.walk(client):
@@ -534,6 +551,9 @@ def _azure_compute() -> tuple[dict[str, str], dict[str, dict[str, ast.FunctionDe
 def azure_action(http_method: str, url: str) -> str:
     """Azure RBAC action of one ARM request: ``GET /subscriptions/{s}/providers/Microsoft.Compute/skus`` ->
     ``Microsoft.Compute/skus/read``; a POST to ``.../{name}/<verb>`` -> ``.../<verb>/action``."""
+    verbs = {"GET": "read", "HEAD": "read", "PUT": "write", "PATCH": "write", "DELETE": "delete"}
+    if "/providers/" not in url and re.search(r"/resourcegroups/\{[^}]+\}$", url, re.IGNORECASE):
+        return f"Microsoft.Resources/subscriptions/resourceGroups/{verbs[http_method]}"  # Microsoft.Resources
     tail = url.split("/providers/", 1)[1].strip("/").split("/")
     namespace, rest = tail[0], tail[1:]
     types = [seg for i, seg in enumerate(rest) if i % 2 == 0]
@@ -544,8 +564,8 @@ def azure_action(http_method: str, url: str) -> str:
     return "/".join([namespace, *types, verb])
 
 
-def _azure_operation_requests(cls: str, method: str) -> set[tuple[str, str]]:
-    groups, classes, builds = _azure_compute()
+def _azure_operation_requests(cls: str, method: str, module: str = "azure.mgmt.compute") -> set[tuple[str, str]]:
+    groups, classes, builds = _azure_compute(module)
     methods = classes.get(cls, {})
     out: set[tuple[str, str]] = set()
     for body in _closure(methods, method):
@@ -556,16 +576,20 @@ def _azure_operation_requests(cls: str, method: str) -> set[tuple[str, str]]:
 
 
 def _scan_azure(tree: ast.Module, rel: str, scan: Scan) -> None:
-    if not any(i.startswith("azure.mgmt.compute") for i in _imports(tree)):
+    imports = _imports(tree)
+    if not any(i.startswith("azure.mgmt.") for i in imports):
         return
-    groups, classes, _ = _azure_compute()
+    sdks = [(m, c) for m, c in AZURE_SDKS if any(i.startswith(m) for i in imports)]
     for call in _calls(tree, rel):
-        if call.owner in groups and call.name in classes.get(groups[call.owner], {}):
-            for http, url in _azure_operation_requests(groups[call.owner], call.name):
-                action = azure_action(http, url)
-                scan.add("azure", action, f"{call.where} -> ComputeManagementClient.{call.owner}.{call.name}")
-                if "/resourceGroups/" in url:
-                    scan.azure_resource_group_scoped.add(action)
+        for module, client in sdks:
+            groups, classes, _ = _azure_compute(module)
+            if call.owner in groups and call.name in classes.get(groups[call.owner], {}):
+                for http, url in _azure_operation_requests(groups[call.owner], call.name, module):
+                    action = azure_action(http, url)
+                    scan.add("azure", action, f"{call.where} -> {client}.{call.owner}.{call.name}")
+                    if "/resourceGroups/" in url or "/resourcegroups/" in url:
+                        scan.azure_resource_group_scoped.add(action)
+                break
 
 
 # --- entry point ---------------------------------------------------------------------------------------

@@ -57,7 +57,9 @@ data "aws_iam_policy_document" "provisioning" {
       "ec2:DescribeInstanceTypeOfferings",
       "ec2:DescribeInstanceTypes",
       "ec2:DescribeInstances",
+      "ec2:DescribeNetworkInterfaces",
       "ec2:DescribeSpotPriceHistory",
+      "ec2:DescribeVolumes",
     ]
     resources = ["*"]
 
@@ -136,6 +138,20 @@ data "aws_iam_policy_document" "provisioning" {
     sid       = "ReadConsoleOfBrokerInstances"
     actions   = ["ec2:GetConsoleOutput"]
     resources = ["${local.ec2_arn}:instance/*"]
+
+    condition {
+      test     = "Null"
+      variable = "aws:ResourceTag/${var.scope_tag_key}"
+      values   = ["false"]
+    }
+  }
+
+  # The orphan sweeper (providers/sweeper.py) deletes unattached volumes and ENIs and releases Elastic IPs that
+  # carry the broker's tag; nothing untagged can be touched.
+  statement {
+    sid       = "SweepOnlyBrokerLeftovers"
+    actions   = ["ec2:DeleteNetworkInterface", "ec2:DeleteVolume", "ec2:ReleaseAddress"]
+    resources = ["${local.ec2_arn}:volume/*", "${local.ec2_arn}:network-interface/*", "${local.ec2_arn}:elastic-ip/*"]
 
     condition {
       test     = "Null"

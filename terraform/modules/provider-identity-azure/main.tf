@@ -3,7 +3,8 @@
 # Two custom roles hold exactly the operations providers/ makes (README.md lists each one with its code
 # path; tests/terraform derives them from the code through azure-mgmt-compute's request URLs):
 #   * catalog reads that Azure serves per subscription (SKUs, VM sizes): assigned on the subscription;
-#   * the VM lifecycle (create, read, delete): assigned on the one workload resource group.
+#   * the VM lifecycle (VMs, their NICs and OS disks, the adapter's VNet, boot diagnostics of its VMs, the
+#     resource group itself): assigned on the one workload resource group.
 
 resource "azurerm_user_assigned_identity" "this" {
   name                = var.name
@@ -31,14 +32,25 @@ resource "azurerm_role_definition" "catalog" {
 resource "azurerm_role_definition" "lifecycle" {
   name        = "${var.name}-lifecycle"
   scope       = var.workload_resource_group_id
-  description = "hybrid-broker: create, read and delete its VMs in one resource group"
+  description = "hybrid-broker: create, read and delete its VMs, their NICs, VNet and disks, and read their boot diagnostics, in one resource group"
 
   permissions {
     actions = [
+      "Microsoft.Compute/disks/delete",
+      "Microsoft.Compute/disks/read",
       "Microsoft.Compute/virtualMachines/delete",
       "Microsoft.Compute/virtualMachines/read",
+      "Microsoft.Compute/virtualMachines/retrieveBootDiagnosticsData/action",
       "Microsoft.Compute/virtualMachines/write",
+      "Microsoft.Network/networkInterfaces/delete",
       "Microsoft.Network/networkInterfaces/join/action",
+      "Microsoft.Network/networkInterfaces/read",
+      "Microsoft.Network/networkInterfaces/write",
+      "Microsoft.Network/virtualNetworks/read",
+      "Microsoft.Network/virtualNetworks/subnets/join/action",
+      "Microsoft.Network/virtualNetworks/write",
+      "Microsoft.Resources/subscriptions/resourceGroups/read",
+      "Microsoft.Resources/subscriptions/resourceGroups/write",
     ]
     not_actions = []
   }

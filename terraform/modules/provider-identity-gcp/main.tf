@@ -8,31 +8,27 @@
 
 locals {
   read_permissions = [
-    "compute.acceleratorTypes.get",
     "compute.acceleratorTypes.list",
-    "compute.diskTypes.get",
-    "compute.diskTypes.list",
     "compute.disks.list",
-    "compute.images.getFromFamily",
     "compute.instances.list",
-    "compute.machineTypes.get",
     "compute.machineTypes.list",
-    "compute.networks.get",
-    "compute.regions.get",
-    "compute.subnetworks.get",
     "compute.zones.get",
     "compute.zones.list",
   ]
 
+  # A job's VM reports its exit code and log tail on serial port 1 (getSerialPortOutput); the orphan sweeper
+  # deletes unattached boot disks of the broker's instances (disks.delete).
   lifecycle_permissions = [
     "compute.disks.create",
+    "compute.disks.delete",
+    "compute.disks.setLabels",
     "compute.images.useReadOnly",
     "compute.instances.create",
     "compute.instances.delete",
     "compute.instances.get",
+    "compute.instances.getSerialPortOutput",
     "compute.instances.setLabels",
     "compute.instances.setMetadata",
-    "compute.instances.setTags",
     "compute.networks.use",
     "compute.networks.useExternalIp",
     "compute.subnetworks.use",
@@ -40,7 +36,8 @@ locals {
     "compute.zoneOperations.get",
   ]
 
-  name_condition = "resource.type != 'compute.googleapis.com/Instance' || resource.name.extract('/instances/{name}').startsWith('${var.instance_name_prefix}')"
+  # Instances and disks (a boot disk is named like its instance) only with the broker's name prefix.
+  name_condition = "(resource.type != 'compute.googleapis.com/Instance' || resource.name.extract('/instances/{name}').startsWith('${var.instance_name_prefix}')) && (resource.type != 'compute.googleapis.com/Disk' || resource.name.extract('/disks/{name}').startsWith('${var.instance_name_prefix}'))"
 }
 
 resource "google_service_account" "this" {
