@@ -337,6 +337,9 @@ class PlacementResult:
     rejected: Mapping[str, int] = field(default_factory=dict)
     catalog_version: str = ""
     explanation: str = ""
+    # What the report's savings baselines need, from the same catalog and constraints (empty unless asked:
+    # ``place(..., baselines=True)``; see policies/placement/baselines.py). Not part of the JSON contract.
+    baselines: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON contract of ``broker place --json`` and ``POST /v1/placements:preview``."""

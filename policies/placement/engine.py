@@ -46,7 +46,7 @@ from pricing.catalog import CAPACITIES, Catalog
 from pricing.egress import EgressModel
 from pricing.geo import continent_of
 
-__all__ = ["place", "check_offer", "FILTERS", "SCORES", "REASONS"]
+__all__ = ["place", "check_offer", "best_per_location", "price_offer", "FILTERS", "SCORES", "REASONS"]
 
 # Filter plugins in the order they are applied (a row is counted under the first reason that rejects it).
 FILTERS: dict[str, FilterFn] = {
@@ -169,9 +169,11 @@ _NO_ROWS = np.zeros(0, dtype=np.int64)
 
 
 def _filter_rows(request: Request, cat: Catalog, ctx: Context, rejected: dict[str, int], want: int,
-                 objective: object, loc_usd: np.ndarray, loc_hours: np.ndarray) -> tuple[int, np.ndarray]:
+                 objective: object, loc_usd: np.ndarray, loc_hours: np.ndarray, *,
+                 all_locations: bool = False) -> tuple[int, np.ndarray]:
     """Apply every filter (deadline included) to every row of ``cat``, adding to ``rejected``; return the
-    number of feasible rows and the rows to cost (see :func:`_location_firsts`)."""
+    number of feasible rows and the rows to cost (see :func:`_location_firsts`; ``all_locations``: at least
+    the first feasible row of every location)."""
     alive: np.ndarray | None = None
     n_alive = len(cat)
     for fn in FILTERS.values():
@@ -201,7 +203,7 @@ def _filter_rows(request: Request, cat: Catalog, ctx: Context, rejected: dict[st
         return 0, _NO_ROWS
     a_loc = request.nodes * (request.duration_hours + loc_hours)
     rows = _location_firsts(cat, alive, want, a_loc, loc_usd,
-                            exhaustive=bool(request.data) and objective is not cost.keys,
+                            exhaustive=all_locations or (bool(request.data) and objective is not cost.keys),
                             uniform=not request.data)
     return n_alive, np.flatnonzero(alive) if rows is None else rows
 
@@ -212,7 +214,8 @@ def _weighted_count(mask: np.ndarray, weight: np.ndarray) -> int:
 
 
 def _filter_grouped(request: Request, cat: Catalog, ctx: Context, rejected: dict[str, int], want: int,
-                    objective: object, loc_usd: np.ndarray, loc_hours: np.ndarray) -> tuple[int, np.ndarray]:
+                    objective: object, loc_usd: np.ndarray, loc_hours: np.ndarray, *,
+                    all_locations: bool = False) -> tuple[int, np.ndarray]:
     """:func:`_filter_rows` computed per offer group (see :mod:`policies.placement.groups`): the same counts
     and a superset of its rows to cost: every location's first feasible row, or every feasible row when
     fewer than ``want`` locations have one (the superset ranks the same, since a location's first feasible
@@ -272,7 +275,7 @@ def _filter_grouped(request: Request, cat: Catalog, ctx: Context, rejected: dict
     # Groups are numbered in ascending first row (with a price cap, a live group's first row is under it);
     # a location's first feasible row is the first row of its first live group.
     n_locs, stop = len(cat.locations), len(alive)
-    if not request.data:
+    if not request.data and not all_locations:
         # Without data every location prices alike: price order is rank order, so the first ``want``
         # locations' rows are the candidates (as in _location_firsts); a prefix of the groups usually has them.
         stop = min(stop, _PREFIX_GROUPS)
@@ -282,7 +285,7 @@ def _filter_grouped(request: Request, cat: Catalog, ctx: Context, rejected: dict
         first[rep.loc_code[live[::-1]]] = g.first_row[live[::-1]]  # the last write wins: each location's first
         found = first[first >= 0]
         if len(found) >= want:
-            return n_alive, np.sort(found)[:want] if not request.data else np.sort(found)
+            return n_alive, np.sort(found)[:want] if not (request.data or all_locations) else np.sort(found)
         if stop >= len(alive):
             break
         stop = min(len(alive), stop * 8)
@@ -315,6 +318,65 @@ def _options(cat: Catalog, c: Costs, js: list[int]) -> list[PlacementOption]:
     return out
 
 
+def _prepare(request: Request, catalog: Catalog, egress: EgressModel,
+             extra_offers: Sequence[Offer]) -> list[Catalog]:
+    """The catalog's capacity shards plus the extra offers' catalog, the request's data locations checked."""
+    # Design choice: the catalog is split once into a non-spot and a spot shard (sharing its tables); the
+    # filter loop stops a shard as soon as no row is left, so the spot plugin empties the shard a request
+    # cannot use after two cheap checks, and rejection counts stay those of one pass over every offer.
+    parts = [*catalog.capacity_shards()] + ([_extra_catalog(tuple(extra_offers))] if extra_offers else [])
+    _validate(request, parts, egress)
+    return parts
+
+
+def best_per_location(
+    request: Request,
+    catalog: Catalog,
+    egress: EgressModel,
+    *,
+    now: datetime | None = None,
+    extra_offers: Sequence[Offer] = (),
+    wait_hours: float = 0.0,
+) -> dict[str, PlacementOption]:
+    """``{provider:region: its best feasible option}`` over every location where ``request`` is feasible (every
+    filter and the deadline applied, as :func:`place`), ranked by the request's objective. A location's best row
+    is its first feasible row in price order (see :func:`_location_firsts`), so this costs one row per location."""
+    ctx = Context(now=now or datetime.now(UTC), wait_hours=wait_hours)
+    parts = _prepare(request, catalog, egress, extra_offers)
+    objective = SCORES.get(str(request.objective), cost.keys)
+    out: dict[str, tuple[tuple[float, ...], PlacementOption]] = {}
+    loc_costs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for p, cat in enumerate(parts):
+        if not len(cat):
+            continue
+        key = id(cat.locations)
+        if key not in loc_costs:
+            loc_costs[key] = _loc_costs(request, cat, egress)
+        loc_usd, loc_hours = loc_costs[key]
+        args = (request, cat, ctx, {}, 1, objective, loc_usd, loc_hours)
+        _, rows = (_filter_grouped if p < 2 else _filter_rows)(*args, all_locations=True)
+        if not len(rows):
+            continue
+        c = _costs(request, cat, rows, loc_usd, loc_hours, wait_hours)
+        ks = [k.tolist() for k in objective(request, c)]  # type: ignore[operator]
+        for j, opt in enumerate(_options(cat, c, list(range(len(rows))))):
+            rank = tuple(k[j] for k in ks)
+            loc = f"{opt.provider}:{opt.region}"
+            seen = out.get(loc)
+            if seen is None or rank < seen[0]:
+                out[loc] = (rank, opt)
+    return {loc: opt for loc, (_, opt) in sorted(out.items())}
+
+
+def price_offer(request: Request, offer: Offer, egress: EgressModel, *, wait_hours: float = 0.0) -> PlacementOption:
+    """``offer`` costed for ``request`` exactly as :func:`place` costs a row (compute over duration and
+    transfer, egress of every input to its location), whether or not the filters would take it."""
+    cat = _extra_catalog((offer,))
+    _validate(request, [cat], egress)
+    loc_usd, loc_hours = _loc_costs(request, cat, egress)
+    return _options(cat, _costs(request, cat, np.arange(1), loc_usd, loc_hours, wait_hours), [0])[0]
+
+
 def place(
     request: Request,
     catalog: Catalog,
@@ -324,6 +386,7 @@ def place(
     now: datetime | None = None,
     extra_offers: Sequence[Offer] = (),
     wait_hours: float = 0.0,
+    baselines: bool = False,
 ) -> PlacementResult:
     """The best placement of ``request`` over ``catalog`` (plus ``extra_offers``: on-prem/edge capacity
     available now) and up to ``top`` ranked, diverse alternatives.
@@ -331,15 +394,12 @@ def place(
     ``now`` (UTC, default the current time) and ``wait_hours`` (predicted queue wait) judge the deadline.
     ``placement`` is ``None`` when nothing is feasible; ``rejected`` then says why, per reason constant.
     Raises :class:`SpecError` (field ``spec.data[i].location``) for a data location that neither the
-    catalog, the inventory nor the region tables know. Pure: reads its arguments only.
+    catalog, the inventory nor the region tables know. Pure: reads its arguments only. ``baselines=True``
+    also fills ``result.baselines`` (what the report's savings baselines need; a few more placements).
     """
     now = now or datetime.now(UTC)
     ctx = Context(now=now, wait_hours=wait_hours)
-    # Design choice: the catalog is split once into a non-spot and a spot shard (sharing its tables); the
-    # filter loop stops a shard as soon as no row is left, so the spot plugin empties the shard a request
-    # cannot use after two cheap checks, and rejection counts stay those of one pass over every offer.
-    parts = [*catalog.capacity_shards()] + ([_extra_catalog(tuple(extra_offers))] if extra_offers else [])
-    _validate(request, parts, egress)
+    parts = _prepare(request, catalog, egress, extra_offers)
     objective = SCORES.get(str(request.objective), cost.keys)
     rejected: dict[str, int] = {}
     considered = 0
@@ -374,6 +434,13 @@ def place(
         rejected=rejected,
         catalog_version=catalog.version,
     )
+    if baselines:
+        from dataclasses import replace
+
+        from policies.placement.baselines import decision_baselines
+
+        res = replace(res, baselines=decision_baselines(request, catalog, egress, res, now=now,
+                                                        extra_offers=extra_offers, wait_hours=wait_hours))
     return _with_explanation(res)
 
 
