@@ -277,7 +277,8 @@ class PlacementOption:
     """One way to run a request, with its cost breakdown (all USD for the whole job, all nodes).
 
     ``compute_usd = hourly_usd * nodes * (duration_hours + transfer_hours)``; ``egress_usd`` is what moving
-    every data input to this location costs; ``total_usd = compute_usd + egress_usd``.
+    every data input to this location costs; ``interruption_usd`` the expected cost of spot interruptions (0
+    for other capacity); ``total_usd = compute_usd + egress_usd + interruption_usd``.
     """
 
     provider: str
@@ -296,6 +297,7 @@ class PlacementOption:
     total_usd: float
     site: str = SiteKind.CLOUD.value
     finish_hours: float = 0.0  # predicted hours from now to finish (transfer + duration), for deadlines
+    interruption_usd: float = 0.0  # spot only: expected cost of interruptions (pricing/interruption.py)
 
     # The exact keys of the OPTION object of `broker place --json` (the public contract).
     CONTRACT_KEYS = (
@@ -313,6 +315,7 @@ class PlacementOption:
         "egress_usd",
         "transfer_hours",
         "total_usd",
+        "interruption_usd",
     )
 
     def to_dict(self) -> dict[str, Any]:

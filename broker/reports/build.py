@@ -370,7 +370,7 @@ def _why(rec: Rec, chosen: Mapping[str, Any] | None, runner: Mapping[str, Any] |
     c_total, c_compute, c_egress = chosen["total_usd"], chosen["compute_usd"], chosen["egress_usd"]
     head = (
         f"{chosen['provider']} {chosen['region']} ({chosen['instance_type']}, {chosen['capacity']}): "
-        f"${c_total:,.2f} = ${c_compute:,.2f} compute + ${c_egress:,.2f} egress"
+        f"${c_total:,.2f} = ${c_compute:,.2f} compute + ${c_egress:,.2f} egress{_risk_text(chosen)}"
     )
     if runner is None:
         return f"{head}; the only feasible option of {rec.considered} offers considered"
@@ -401,8 +401,16 @@ def _why(rec: Rec, chosen: Mapping[str, Any] | None, runner: Mapping[str, Any] |
     extra = f"; {too_slow} offers could not meet the deadline" if too_slow else ""
     return (
         f"{head}; {verdict}; runner-up {runner['provider']} {runner['region']} ({runner['instance_type']}, "
-        f"{runner['capacity']}) ${r_total:,.2f} = ${r_compute:,.2f} compute + ${r_egress:,.2f} egress{extra}"
+        f"{runner['capacity']}) ${r_total:,.2f} = ${r_compute:,.2f} compute + ${r_egress:,.2f} egress"
+        f"{_risk_text(runner)}{extra}"
     )
+
+
+def _risk_text(o: Mapping[str, Any]) -> str:
+    """`` + $x spot interruption risk`` when the option's total carries one: the part of the total that is
+    neither compute nor egress (the expected interruption cost of a spot option), so the sum stays checkable."""
+    risk = o["total_usd"] - o["compute_usd"] - o["egress_usd"]
+    return f" + ${risk:,.2f} spot interruption risk" if risk >= _EPS else ""
 
 
 def _parts(

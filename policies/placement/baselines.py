@@ -59,6 +59,7 @@ def decision_baselines(
     now: datetime,
     extra_offers: Sequence[Offer] = (),
     wait_hours: float = 0.0,
+    risk: Any = None,
 ) -> dict[str, Any]:
     """The baselines of ``result`` (see module docstring); ``{}`` when nothing was placed."""
     from policies.placement.engine import best_per_location, place, price_offer
@@ -66,7 +67,7 @@ def decision_baselines(
     chosen = result.placement
     if chosen is None:
         return {}
-    kw: dict[str, Any] = {"now": now, "extra_offers": extra_offers, "wait_hours": wait_hours}
+    kw: dict[str, Any] = {"now": now, "extra_offers": extra_offers, "wait_hours": wait_hours, "risk": risk}
     if request.spot == SpotPolicy.NEVER:
         on_demand: PlacementOption | None = chosen
     else:
@@ -74,7 +75,8 @@ def decision_baselines(
                           **kw).placement
     if request.data:
         naive = place(dataclasses.replace(request, data=()), catalog, egress, top=0, **kw).placement
-        ignore = chosen if naive is None else price_offer(request, offer_of(naive), egress, wait_hours=wait_hours)
+        ignore = chosen if naive is None else price_offer(request, offer_of(naive), egress, wait_hours=wait_hours,
+                                                                  risk=risk)
     else:
         ignore = chosen
     regions = {

@@ -3,6 +3,7 @@ catalog, recorded with the baselines placement stored, then reported."""
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 
 import pytest
@@ -19,6 +20,9 @@ from tests.pricing.catalog_builders import data, make_catalog, make_offer, make_
 
 NOW = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 EGRESS = load_egress()
+# a spot run's expected interruption cost: default band 5-10%/month (midpoint 7.5%), half the run + 0.1 h lost
+RATE = -math.log(1 - 0.075) / 730
+SPOT_2H = 0.09 * 2 * (1 + RATE * (2 / 2 + 0.1))  # $0.18 of compute plus its risk
 
 
 def _catalog():  # type: ignore[no-untyped-def]
@@ -44,21 +48,22 @@ def test_every_baseline_is_the_hand_computed_sum_of_the_decisions(store_engine: 
         rows = query_decisions(s)
     report = build_report(rows)
 
-    # By hand, from the four list prices. The spot job: 2 h on us-east-1 spot at $0.09 = $0.18; on-demand it
+    # By hand, from the four list prices. The spot job: 2 h on us-east-1 spot at $0.09 = $0.18 (SPOT_2H with
+    # its interruption risk); on-demand it
     # would be eu-west-1 at $0.20 x 2 = $0.40; per region: us-east-1 $0.18, eu-west-1 $0.40, us-central1 $0.50.
     # The data job (100 GiB in gcp:us-central1): stays there, $0.25 x 1 h; moving it to eu-west-1 costs GCP's
     # internet egress and 100 GiB at 1 Gbit/s of paid transfer time.
     e = EGRESS.egress_usd("gcp:us-central1", "aws:eu-west-1", 100)
     assert e == pytest.approx(100 * EGRESS.usd_per_gib("gcp:us-central1", "aws:eu-west-1"))
     t = 100 * GBIT_PER_GIB / EGRESS.gbps("gcp:us-central1", "aws:eu-west-1") / 3600
-    broker = 0.18 + 0.25
+    broker = SPOT_2H + 0.25
     assert report.summary.estimated_spend_usd == pytest.approx(broker)
     got = {b.key: b for b in report.baselines}
     assert got["on-demand"].cost_usd == pytest.approx(0.40 + 0.25)
     assert got["on-demand"].savings_usd == pytest.approx(0.40 + 0.25 - broker)
     # ignore data: the spot job has no data (its own choice); the data job goes to the cheapest compute
-    assert got["ignore-data"].cost_usd == pytest.approx(0.18 + 0.20 * (1 + t) + e)
-    assert got["ignore-data"].savings_usd == pytest.approx(0.18 + 0.20 * (1 + t) + e - broker)
+    assert got["ignore-data"].cost_usd == pytest.approx(SPOT_2H + 0.20 * (1 + t) + e)
+    assert got["ignore-data"].savings_usd == pytest.approx(SPOT_2H + 0.20 * (1 + t) + e - broker)
     # single region: us-central1 ($0.50 + $0.25) beats us-east-1 and eu-west-1 (both pay the data job's egress)
     assert got["single-region"].detail.startswith("gcp:us-central1")
     assert got["single-region"].cost_usd == pytest.approx(0.50 + 0.25)
@@ -75,5 +80,6 @@ def test_a_spot_job_is_compared_with_its_on_demand_price_not_the_dearest_option(
     assert res.placement is not None and res.placement.capacity == "spot"
     on_demand = res.baselines["on-demand"]
     assert on_demand.capacity == "on-demand" and on_demand.total_usd == pytest.approx(0.40)
-    assert res.baselines["regions"] == pytest.approx({"aws:us-east-1": 0.18})  # spot required: only there
+    assert res.placement.interruption_usd == pytest.approx(0.18 * RATE * 1.1)
+    assert res.baselines["regions"] == pytest.approx({"aws:us-east-1": SPOT_2H})  # spot required: only there
     assert place(req, cat, EGRESS, now=NOW).baselines == {}  # not asked: not computed
