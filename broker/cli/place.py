@@ -39,10 +39,14 @@ def load_world(catalog_dir: Path | None, inventory: Path | None) -> tuple[Catalo
     """``(catalog, egress, inventory)`` as ``broker place`` uses them (catalog dir / inventory from the
     options or the ``BROKER_CATALOG_DIR`` / ``BROKER_INVENTORY`` / ``BROKER_EGRESS_CONFIG`` environment)."""
     from pricing import load_catalog, load_egress, load_inventory
+    from pricing.freshness import stale_warning
 
     inv = load_inventory(inventory)
     catalog = load_catalog(catalog_dir)
     egress = load_egress(sites=inv.sites)
+    warning = stale_warning(catalog)
+    if warning:
+        typer.echo(warning, err=True)
     return catalog, egress, inv
 
 
