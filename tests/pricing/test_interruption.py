@@ -70,3 +70,13 @@ def test_a_spot_offer_with_a_bad_history_is_not_cheaper_on_paper_only(tmp_path: 
     assert g is not None and g.interruption_usd == pytest.approx(g.compute_usd * 4 * band_rate("5-10%") * 5.1)
     never = place(make_request(vcpus=1, memory_gib=1, duration_hours=10), cat, EGRESS, now=NOW, risk=risk)
     assert never.placement is not None and never.placement.interruption_usd == 0.0
+
+
+def test_the_explanation_names_the_spot_risk_in_the_sum() -> None:
+    cat = make_catalog([make_offer(2.0, region="us-east-1", name="g.big", capacity=Capacity.SPOT)])
+    res = place(make_request(vcpus=1, memory_gib=1, duration_hours=100, spot=SpotPolicy.REQUIRED), cat, EGRESS,
+                now=NOW)
+    assert res.placement is not None
+    risk = 200.0 * band_rate("5-10%") * (100 / 2 + 0.1)  # $200 of compute, half the run lost per interruption
+    assert res.placement.interruption_usd == pytest.approx(risk)
+    assert f"(compute $200.00 + egress $0.00 + spot interruption risk ${risk:,.2f})" in res.explanation
