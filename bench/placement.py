@@ -120,6 +120,19 @@ def main() -> None:
     batch_s, batch_cpu = time.perf_counter() - t0, time.process_time() - c0
     print(f"{args.batch} varied requests end to end: {batch_s:.2f} s wall, {batch_cpu:.2f} s CPU "
           f"({args.batch / batch_s:.0f}/s); {placed} placed")
+    # What recording a decision adds (issue 12): place(..., baselines=True) also prices the report's savings
+    # baselines (best on-demand, compute-only plan, best per region). Same requests, same process, CPU time.
+    few = reqs[: min(200, len(reqs))]
+    c0 = time.process_time()
+    for r in few:
+        place(r, cat, egress, now=NOW)
+    plain_cpu = time.process_time() - c0
+    c0 = time.process_time()
+    for r in few:
+        place(r, cat, egress, now=NOW, baselines=True)
+    base_cpu = time.process_time() - c0
+    print(f"{len(few)} requests with baselines: {base_cpu / len(few) * 1e3:.3f} ms CPU each vs "
+          f"{plain_cpu / len(few) * 1e3:.3f} ms without (ratio {base_cpu / max(plain_cpu, 1e-9):.2f}x)")
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} (shared; wall > CPU under load)")
     print(f"placement median_ms={med:.3f} p99_ms={p99:.3f} batch10k_s={batch_s:.2f} load_s={cold_s:.3f}")
 

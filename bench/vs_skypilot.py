@@ -134,9 +134,7 @@ def our_request(t: dict[str, Any]) -> Any:
 
 def reprice(cat: Any, egress: Any, req: Any, s: dict[str, Any]) -> float | None:
     """SkyPilot's choice priced by our model (same offer row: hourly + egress of the inputs)."""
-    import numpy as np
-
-    from policies.placement.engine import _costs, _loc_costs
+    from policies.placement.engine import price_offer
 
     rows = [
         i for i in cat.query(providers=[s["provider"]], regions=[s["region"]],
@@ -146,9 +144,7 @@ def reprice(cat: Any, egress: Any, req: Any, s: dict[str, Any]) -> float | None:
     ]
     if not rows:
         return None
-    usd, hours = _loc_costs(req, cat, egress)
-    c = _costs(req, cat, np.array(rows[:1]), usd, hours, 0.0)
-    return float(c.total_usd[0])
+    return float(price_offer(req, cat.offer(int(rows[0])), egress).total_usd)
 
 
 def main() -> None:

@@ -201,7 +201,8 @@ class AppState:
         from policies.placement import place  # type: ignore[attr-defined]
 
         extra = self.extra_offers() if extra_offers is None else extra_offers
-        return place(request, self.catalog, self.egress_model(), top=top, now=now, extra_offers=extra)
+        return place(request, self.catalog, self.egress_model(), top=top, now=now, extra_offers=extra,
+                     baselines=True)
 
     def get_provider(self, name: str) -> Any:
         """The provider named ``name``; raises a provider error when it is not enabled here."""
@@ -431,6 +432,13 @@ def create_app(
             loaded_catalog, loaded_egress = None, None
         catalog = catalog if catalog is not None else loaded_catalog
         egress = egress if egress is not None else loaded_egress
+    if catalog is not None:  # history is never re-priced: keep the version placements use (what-if reads it)
+        try:
+            import pricing
+
+            pricing.CatalogStore(settings.data_dir).save(catalog, label="placement catalog")
+        except (BrokerError, OSError, ImportError) as exc:
+            log.warning("catalog version not stored: %s", exc)
     if providers is None:
         providers = build_providers(settings, clock, inventory)
 

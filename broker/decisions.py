@@ -69,6 +69,8 @@ class DecisionRecord(SQLModel, table=True):
     policy: str = Field(default="", max_length=64)
     catalog_version: str = Field(default="", max_length=128)
     explanation: str = ""
+    # what the report's savings baselines need, priced at decision time (policies/placement/baselines.py)
+    baselines: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     # denormalised from `chosen` for filters and sums (None when nothing was feasible)
     provider: str | None = Field(default=None, max_length=32)
     region: str | None = Field(default=None, max_length=64)
@@ -176,6 +178,7 @@ def _decision_row(
         policy=policy,
         catalog_version=catalog_version or result.catalog_version,
         explanation=result.explanation,
+        baselines=_jsonable(dict(result.baselines)) if result.baselines else None,
         provider=None if chosen is None else chosen.provider,
         region=None if chosen is None else chosen.region,
         capacity=None if chosen is None else chosen.capacity,

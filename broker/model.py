@@ -277,7 +277,8 @@ class PlacementOption:
     """One way to run a request, with its cost breakdown (all USD for the whole job, all nodes).
 
     ``compute_usd = hourly_usd * nodes * (duration_hours + transfer_hours)``; ``egress_usd`` is what moving
-    every data input to this location costs; ``total_usd = compute_usd + egress_usd``.
+    every data input to this location costs; ``interruption_usd`` the expected cost of spot interruptions (0
+    for other capacity); ``total_usd = compute_usd + egress_usd + interruption_usd``.
     """
 
     provider: str
@@ -297,6 +298,7 @@ class PlacementOption:
     site: str = SiteKind.CLOUD.value
     finish_hours: float = 0.0  # predicted hours from now to finish (transfer + duration), for deadlines
     arch: str = "amd64"  # of the instance type: the adapter picks an image of this architecture
+    interruption_usd: float = 0.0  # spot only: expected cost of interruptions (pricing/interruption.py)
 
     # The exact keys of the OPTION object of `broker place --json` (the public contract).
     CONTRACT_KEYS = (
@@ -314,6 +316,7 @@ class PlacementOption:
         "egress_usd",
         "transfer_hours",
         "total_usd",
+        "interruption_usd",
     )
 
     def to_dict(self) -> dict[str, Any]:
@@ -338,6 +341,9 @@ class PlacementResult:
     rejected: Mapping[str, int] = field(default_factory=dict)
     catalog_version: str = ""
     explanation: str = ""
+    # What the report's savings baselines need, from the same catalog and constraints (empty unless asked:
+    # ``place(..., baselines=True)``; see policies/placement/baselines.py). Not part of the JSON contract.
+    baselines: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON contract of ``broker place --json`` and ``POST /v1/placements:preview``."""

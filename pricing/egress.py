@@ -4,7 +4,8 @@ Rules (data in ``pricing/data/egress-v1.yaml``, with its sources):
 
 * same location (``provider:region``; zones equal or unknown): **0 $/GiB**, ``same_region`` Gbit/s;
   same region, different known zones: the provider's cross-zone rate;
-* same provider, different region: inter-region rate by continent (same / different continent);
+* same provider, different region: inter-region rate by the source region's continent (its own table:
+  within the continent, to a named continent, to any other), else the provider's same/cross default;
 * different providers (or a cloud and the internet): the source cloud's internet egress tiers;
 * on-prem / edge sites (from the inventory, :meth:`EgressModel.with_sites`): leaving a site costs its
   ``egress_usd_per_gib``, entering it its ``ingress_usd_per_gib`` (plus the cloud's internet egress when the
@@ -168,7 +169,7 @@ class EgressModel:
             if s.provider == d.provider and s.provider in self.config.get("providers", {}):
                 ir = self.config["providers"][s.provider]["inter_region"]
                 same = bool(s.continent) and s.continent == d.continent
-                rate = float(ir["same_continent_usd_per_gib" if same else "cross_continent_usd_per_gib"])
+                rate = _inter_region_rate(ir, s.continent, d.continent, same)
                 g = bw.get("inter_region_same_continent" if same else "inter_region_cross_continent", 2.0)
                 return ((float("inf"), rate),), float(g)
             return self._internet(s.provider), float(bw.get("internet", 1.0))
@@ -180,6 +181,16 @@ class EgressModel:
             return ((float("inf"), ss.egress_usd_per_gib),), min(ss.uplink_gbps, internet_gbps)
         assert ds is not None  # cloud -> own site: the cloud's internet egress plus the site's ingress
         return _shift(self._internet(s.provider), ds.ingress_usd_per_gib), min(ds.uplink_gbps, internet_gbps)
+
+
+def _inter_region_rate(ir: Mapping[str, Any], src: str, dst: str, same: bool) -> float:
+    """USD per GiB between two regions of one cloud: the source continent's table (``by_source``: ``same``,
+    then ``to[dst]``, then ``cross``), else the cloud's same/cross-continent default."""
+    by = (ir.get("by_source") or {}).get(src) or {}
+    if same:
+        return float(by.get("same", ir["same_continent_usd_per_gib"]))
+    to = by.get("to") or {}
+    return float(to.get(dst, by.get("cross", ir["cross_continent_usd_per_gib"])))
 
 
 def _same_place(s: Location, d: Location) -> bool:

@@ -5,8 +5,11 @@ its own ``updated`` field), specs from ``libcloud.compute.constants.ec2_instance
 ``libcloud.compute.drivers.azure`` constants.
 
 * **AWS** (``ec2_linux``): on-demand per type x region, full specs; GPU model by family (``p4d`` -> A100...);
-  Graviton processors are arm64. ``0.0`` = not offered there (skipped, counted as dropped). Libcloud's EC2
-  data has no spot prices (only on-demand Linux/RHEL/SUSE/Windows), so the embedded catalog has no AWS spot.
+  Graviton processors are arm64. A ``0.0`` cell is a gap in Libcloud's data (skipped, counted as dropped;
+  the list-price table fills the gaps it knows). Libcloud's EC2 data has no spot prices (only on-demand
+  Linux/RHEL/SUSE/Windows), so the embedded catalog has no AWS spot.
+* **List prices** (``pricing/data/list-prices.csv``, dated per row with its source URL): merged over
+  Libcloud's rows (see :func:`load_list_prices`); retired regions (:data:`RETIRED_REGIONS`) are dropped.
 * **Azure** (``azure_linux``): sizes are bare lowercase names (``standardd2sv3``); vCPUs and memory come from
   the classic size table Libcloud ships (A0-A11, D1-D14) or are parsed from the name for the families whose
   name carries the vCPU count and whose memory per vCPU is fixed (Av2, B, D/Ds v2-v4, E v3/v4, F, Fs v2,
@@ -41,7 +44,13 @@ from broker.errors import CatalogError
 from broker.model import Provenance
 from pricing.catalog import Catalog, CatalogBuilder
 
-__all__ = ["load_embedded", "libcloud_pricing_path", "EC2_ACCELERATORS", "SPOT_SOURCE_SUFFIX"]
+__all__ = ["load_embedded", "libcloud_pricing_path", "load_list_prices", "LIST_PRICES_PATH", "RETIRED_REGIONS",
+           "EC2_ACCELERATORS", "SPOT_SOURCE_SUFFIX"]
+
+LIST_PRICES_PATH = Path(__file__).parent / "data" / "list-prices.csv"
+LIST_PRICES_SOURCE = "list-prices.csv"
+# Regions Libcloud still prices that no longer exist (Azure Germany sovereign cloud, closed 2021-10-29).
+RETIRED_REGIONS: frozenset[str] = frozenset({"azure:germanycentral", "azure:germanynortheast"})
 
 # EC2 family -> accelerator model (Libcloud gives the count, not the model).
 EC2_ACCELERATORS = {
@@ -184,8 +193,9 @@ def _azure_instance_types() -> dict[str, Any]:
     return AZURE_COMPUTE_INSTANCE_TYPES  # type: ignore[no-any-return]
 
 
-def load_embedded(pricing_path: str | Path | None = None) -> Catalog:
-    """The embedded default catalog (AWS, Azure, GCP) from Libcloud's package data.
+def load_embedded(pricing_path: str | Path | None = None, *, list_prices: bool = True) -> Catalog:
+    """The embedded default catalog (AWS, Azure, GCP) from Libcloud's package data, retired regions dropped,
+    with the repository's dated list-price table merged over it (``list_prices=False``: Libcloud's rows only).
 
     Raises :class:`CatalogError` when Libcloud or its data is missing or unreadable."""
     try:
@@ -209,6 +219,41 @@ def load_embedded(pricing_path: str | Path | None = None) -> Catalog:
         for source, rows, dropped in fn(b, compute.get(key, {}), f"{tag}:{key}"):
             b.provenance.append(Provenance(source=source, date=date, rows=rows, dropped=dropped,
                                            provider=provider))
+    cat = b.build()
+    return cat.merged_with(load_list_prices()) if list_prices else cat
+
+
+def load_list_prices(path: str | Path | None = None) -> Catalog:
+    """The dated list-price table the repository states (``pricing/data/list-prices.csv``: one offer per row
+    with its ``source_url`` and ``as_of`` date). It fills Libcloud's gaps (a ``0.0`` cell there is a gap in
+    Libcloud's data, not "not offered": m5.xlarge in us-east-1), corrects its stale rows (p4d.24xlarge after
+    the 2025-06 price cut) and adds GPU offers of all three clouds; in :func:`load_embedded` it wins over
+    Libcloud where both price an offer. Raises :class:`CatalogError` naming the row for a bad cell."""
+    import csv
+
+    p = Path(path) if path else LIST_PRICES_PATH
+    b = CatalogBuilder()
+    dates: list[str] = []
+    try:
+        with p.open(newline="", encoding="utf-8") as f:
+            for n, row in enumerate(csv.DictReader(f), start=2):
+                try:
+                    b.add(provider=row["provider"], region=row["region"], instance_type=row["instance_type"],
+                          capacity=row["capacity"], vcpus=float(row["vcpus"]), memory_gib=float(row["memory_gib"]),
+                          gpus=int(row["gpus"] or 0), accelerator=row["accelerator"] or None,
+                          gpu_memory_gib=float(row["gpu_memory_gib"] or 0), arch=row["arch"] or "amd64",
+                          hourly_usd=float(row["usd_per_hour"]), source=LIST_PRICES_SOURCE)
+                    datetime.fromisoformat(row["as_of"])
+                    if not row["source_url"]:
+                        raise ValueError("source_url is empty")
+                except (KeyError, ValueError, TypeError) as exc:
+                    raise CatalogError(f"{p}:{n}: bad list-price row ({exc}). To fix: see the header") from None
+                dates.append(row["as_of"])
+    except OSError as exc:
+        raise CatalogError(f"cannot read the list-price table {p}: {exc}") from exc
+    providers = sorted({loc.provider for loc in b._loc_objs})
+    for prov in providers:
+        b.provenance.append(Provenance(source=LIST_PRICES_SOURCE, date=max(dates) if dates else "", provider=prov))
     return b.build()
 
 
@@ -332,7 +377,7 @@ def _azure(b: CatalogBuilder, prices: dict[str, dict[str, float]], source: str) 
         vcpus, mem = spec[0], _AZ_MEMORY_GIB.get(name, spec[1])
         out = _Bulk(b, "azure", src)
         for region, price in by_region.items():
-            if not price or price <= 0:
+            if not price or price <= 0 or f"azure:{region}" in RETIRED_REGIONS:  # a gap, or a closed region
                 n[1] += 1
                 continue
             out.add(region, name, vcpus, mem, float(price), spot=spot)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from broker.errors import CatalogError
 from pricing.catalog import Catalog
-from pricing.embedded import _libcloud_version, libcloud_pricing_path, load_embedded
+from pricing.embedded import LIST_PRICES_PATH, _libcloud_version, libcloud_pricing_path, load_embedded
 from pricing.skypilot import load_skypilot_dir, skypilot_files
 
 __all__ = ["load_catalog", "cache_dir", "LOADER_VERSION"]
@@ -53,6 +53,7 @@ def load_catalog(catalog_dir: str | Path | None = None, *, include_embedded: boo
     parts = [f"loader={LOADER_VERSION}:{code.hexdigest()[:12]}", f"embedded={include_embedded}"]
     if include_embedded:
         parts.append(f"libcloud={_libcloud_version()}:{_stamp(libcloud_pricing_path())}")
+        parts.append(f"list-prices={_stamp(LIST_PRICES_PATH)}")
     parts.extend(f"{prov}={_stamp(p)}" for prov, p in files)
     key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
     cpath = cache_dir() / f"catalog-{key}.npz"

@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import json
 import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -276,15 +274,21 @@ class AwsProvider:
     # -- offers ---------------------------------------------------------------------------------------------
 
     def _price_list(self, region: str) -> tuple[dict[str, float], str]:
+        # The bulk file is hundreds of MB: streamed to a temporary file, then parsed incrementally (issue 12).
+        import tempfile
+
+        from pricing.aws_bulk import download_to, stream_price_list
+
         src = self.price_list_url.format(region=region)
         with map_errors(self.name, region):
-            if src.startswith(("http://", "https://")):
-                resp = httpx.get(src, timeout=120.0, follow_redirects=True)
-                resp.raise_for_status()
-                doc = resp.json()
-            else:
-                doc = json.loads(Path(src).read_text())
-        return parse_price_list(doc, region), str(doc.get("publicationDate") or doc.get("version") or "")
+            if not src.startswith(("http://", "https://")):
+                return stream_price_list(src, region)
+            with tempfile.NamedTemporaryFile(prefix="hb-aws-prices-", suffix=".json") as tmp:
+                with httpx.stream("GET", src, timeout=120.0, follow_redirects=True) as resp:
+                    resp.raise_for_status()
+                    download_to(resp.iter_bytes(), tmp)
+                tmp.flush()
+                return stream_price_list(tmp.name, region)
 
     def offers(self) -> list[Offer]:
         """On-demand (and spot, when ``spot``) offers of every priced type each region sells."""

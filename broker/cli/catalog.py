@@ -47,12 +47,17 @@ def parse_gpu(text: str) -> tuple[str, int]:
 
 def _load(catalog: Path | None) -> Catalog:
     from pricing import load_catalog
+    from pricing.freshness import stale_warning
 
     try:
-        return load_catalog(catalog)
+        cat = load_catalog(catalog)
     except BrokerError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    warning = stale_warning(cat)
+    if warning:
+        typer.echo(warning, err=True)
+    return cat
 
 
 @catalog_app.command("offers")

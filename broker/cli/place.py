@@ -39,10 +39,14 @@ def load_world(catalog_dir: Path | None, inventory: Path | None) -> tuple[Catalo
     """``(catalog, egress, inventory)`` as ``broker place`` uses them (catalog dir / inventory from the
     options or the ``BROKER_CATALOG_DIR`` / ``BROKER_INVENTORY`` / ``BROKER_EGRESS_CONFIG`` environment)."""
     from pricing import load_catalog, load_egress, load_inventory
+    from pricing.freshness import stale_warning
 
     inv = load_inventory(inventory)
     catalog = load_catalog(catalog_dir)
     egress = load_egress(sites=inv.sites)
+    warning = stale_warning(catalog)
+    if warning:
+        typer.echo(warning, err=True)
     return catalog, egress, inv
 
 
@@ -117,8 +121,8 @@ def _print_tables(results: list[PlacementResult], version: str) -> None:
         t = Table(title=f"{res.job}: {res.feasible} feasible of {res.considered} offers (catalog {version})")
         for col, just in (("#", "right"), ("where", "left"), ("instance", "left"), ("capacity", "left"),
                           ("vCPU", "right"), ("GiB", "right"), ("GPU", "left"), ("$/h", "right"),
-                          ("compute $", "right"), ("egress $", "right"), ("transfer h", "right"),
-                          ("total $", "right")):
+                          ("compute $", "right"), ("egress $", "right"), ("spot risk $", "right"),
+                          ("transfer h", "right"), ("total $", "right")):
             t.add_column(col, justify=just)  # type: ignore[arg-type]
         for rank, o in enumerate((res.placement, *res.alternatives)):
             where = f"{o.provider}:{o.region}" + (f"/{o.zone}" if o.zone else "")
@@ -126,7 +130,8 @@ def _print_tables(results: list[PlacementResult], version: str) -> None:
             t.add_row(
                 "best" if rank == 0 else str(rank), where, o.instance_type, o.capacity, f"{o.vcpus:g}",
                 f"{o.memory_gib:g}", gpu, f"{o.hourly_usd:.4f}", f"{o.compute_usd:,.2f}", f"{o.egress_usd:,.2f}",
-                f"{o.transfer_hours:.2f}", f"{o.total_usd:,.2f}", style="bold green" if rank == 0 else None,
+                f"{o.interruption_usd:,.2f}" if o.capacity == "spot" else "-", f"{o.transfer_hours:.2f}",
+                f"{o.total_usd:,.2f}", style="bold green" if rank == 0 else None,
             )
         console.print(t)
         console.print(f"  {res.explanation}\n")

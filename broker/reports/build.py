@@ -7,18 +7,21 @@ today's catalog. Only the what-if section re-places jobs, and it does so against
 Which records count: previews are only counted; of the placements, a job placed more than once
 (after a failover) counts once, at its last placement. Records without a ``job_id`` count each.
 
-Baselines (all from the stored options of each job: the choice plus its ranked alternatives):
+Baselines: each placed decision stores, at decision time, what every baseline needs (priced from the same
+catalog, egress model and constraints: :mod:`policies.placement.baselines`); the report only adds them up:
 
-* ``single-region``: every job in one cloud region, the one with the lowest total. A job's cost
-  there is its cheapest stored option in that region;
-* ``on-demand``: no spot: each job's cheapest stored option whose capacity is not ``spot``;
-* ``ignore-data``: cheapest compute first, then pay the egress: the stored option with the lowest
-  ``compute_usd`` (ties: lowest total), at its total (compute + egress).
+* ``on-demand``: every job at its best option with spot excluded (its deadline and other constraints kept);
+  jobs with no feasible on-demand option are not counted in this baseline (``detail`` says how many);
+* ``ignore-data``: every job at the offer that is cheapest on compute alone, paying that offer's egress and
+  transfer hours;
+* ``single-region``: every job in one cloud region, the region with the lowest sum over the jobs, among the
+  regions where every job is feasible; jobs that no cloud region can run (on-prem-only requests) count at
+  their recorded cost.
 
-Design choice: a placement stores the top N options ranked by total cost, so when a baseline's
-option is not among them it costs at least as much as the dearest stored option; that value is
-used, which makes each baseline a lower bound and the savings never overstated. ``exact_jobs``
-says for how many jobs the baseline was priced exactly.
+Each baseline is compared with the broker's recorded cost of the same jobs (``broker_usd``), so
+``savings_usd = cost_usd - broker_usd`` is a difference of two sums a reader can redo from the records.
+Records written before baselines were stored have none: they are left out of every baseline and
+``exact_jobs`` (jobs priced) is below ``jobs``.
 """
 
 from __future__ import annotations
@@ -127,6 +130,7 @@ class Rec:
     actual_cost_usd: float | None
     finished_at: datetime | None
     deadline_met: bool | None
+    baselines: dict[str, Any] | None = None
 
 
 def to_rec(record: Any) -> Rec:
@@ -158,6 +162,7 @@ def to_rec(record: Any) -> Rec:
         actual_cost_usd=record.actual_cost_usd,
         finished_at=_utc(record.finished_at),
         deadline_met=record.deadline_met,
+        baselines=getattr(record, "baselines", None) or None,
     )
 
 
@@ -264,75 +269,74 @@ def _moved_inputs(rec: Rec) -> list[tuple[str, float]]:
 class _BaselineAcc:
     """Running sums of the three baselines, fed one placed record at a time (see the module doc)."""
 
-    __slots__ = ("n", "ondemand_cost", "ondemand_exact", "ignore_cost", "region_base", "region_delta", "region_hits")
+    __slots__ = ("n", "priced", "priced_usd", "od_cost", "od_broker", "od_jobs", "ignore_cost", "region_sum",
+                 "region_hits", "region_jobs", "region_broker", "offcloud_usd")
 
     def __init__(self) -> None:
-        self.n = 0
-        self.ondemand_cost = 0.0
-        self.ondemand_exact = 0
+        self.n = 0  # placed jobs
+        self.priced = 0  # of them, with baselines stored at decision time
+        self.priced_usd = 0.0  # the broker's recorded cost of those
+        self.od_cost = self.od_broker = 0.0
+        self.od_jobs = 0
         self.ignore_cost = 0.0
-        self.region_base = 0.0  # sum of every job's fallback (dearest stored option)
-        self.region_delta: dict[str, float] = defaultdict(float)
-        self.region_hits: dict[str, int] = defaultdict(int)
+        self.region_sum: dict[str, float] = defaultdict(float)  # per region: sum of the jobs' totals there
+        self.region_hits: dict[str, int] = defaultdict(int)  # per region: jobs feasible there
+        self.region_jobs = 0  # jobs feasible in some cloud region
+        self.region_broker = 0.0  # broker cost of those
+        self.offcloud_usd = 0.0  # recorded cost of priced jobs no cloud region can run
 
-    def add(self, opts: Sequence[Mapping[str, Any]]) -> None:
-        """Add one placed job, given its stored options (the choice first)."""
+    def add(self, chosen_usd: float, baselines: Mapping[str, Any] | None) -> None:
+        """Add one placed job: its recorded total and the baselines stored with its decision."""
         self.n += 1
-        fallback: float | None = None  # the dearest stored option
-        nonspot: float | None = None  # the cheapest stored option that is not spot
-        best_compute = best_total = 0.0  # the option with the lowest (compute, total)
-        per_region: dict[str, float] = {}  # cheapest stored option per cloud region
-        first = True
-        for o in opts:
-            t = float(o["total_usd"])
-            cu = float(o["compute_usd"])
-            if first:
-                fallback, best_compute, best_total, first = t, cu, t, False
-            else:
-                if t > fallback:  # type: ignore[operator]
-                    fallback = t
-                if cu < best_compute or (cu == best_compute and t < best_total):
-                    best_compute, best_total = cu, t
-            if o.get("capacity") != "spot" and (nonspot is None or t < nonspot):
-                nonspot = t
-            if o.get("site", "cloud") == "cloud":
-                loc = f"{o['provider']}:{o['region']}"
-                seen = per_region.get(loc)
-                if seen is None or t < seen:
-                    per_region[loc] = t
-        assert fallback is not None
-        if nonspot is not None:
-            self.ondemand_cost += nonspot
-            self.ondemand_exact += 1
+        if not baselines:
+            return
+        self.priced += 1
+        self.priced_usd += chosen_usd
+        od = baselines.get("on-demand")
+        if od is not None:
+            self.od_cost += float(od["total_usd"])
+            self.od_broker += chosen_usd
+            self.od_jobs += 1
+        ignore = baselines.get("ignore-data")
+        self.ignore_cost += chosen_usd if ignore is None else float(ignore["total_usd"])
+        regions = baselines.get("regions") or {}
+        if regions:
+            self.region_jobs += 1
+            self.region_broker += chosen_usd
+            rsum, hits = self.region_sum, self.region_hits
+            for loc, t in regions.items():
+                rsum[loc] += float(t)
+                hits[loc] += 1
         else:
-            self.ondemand_cost += fallback
-        self.ignore_cost += best_total
-        self.region_base += fallback
-        delta, hits = self.region_delta, self.region_hits
-        for loc, t in per_region.items():
-            delta[loc] += t - fallback
-            hits[loc] += 1
+            self.offcloud_usd += chosen_usd
 
-    def baselines(self, broker_usd: float) -> tuple[Baseline, ...]:
-        n = self.n
+    def baselines(self) -> tuple[Baseline, ...]:
+        n, priced = self.n, self.priced
+        skipped = n - priced
+        note = f"; {skipped} jobs recorded without baselines not counted" if skipped else ""
 
-        def make(key: str, cost: float, exact: int, detail: str = "") -> Baseline:
-            savings = cost - broker_usd
+        def make(key: str, cost: float, broker: float, exact: int, detail: str = "") -> Baseline:
+            savings = cost - broker
             pct = 100.0 * savings / cost if cost > 0 else 0.0
-            return Baseline(key, BASELINE_LABELS[key], cost, broker_usd, savings, pct, exact, n, detail)
+            return Baseline(key, BASELINE_LABELS[key], cost, broker, savings, pct, exact, n, detail + note)
 
-        delta = self.region_delta
-        if delta:
-            region = min(delta, key=lambda loc: (delta[loc], loc))
-            region_cost = self.region_base + delta[region]
-            region_detail = f"{region} (priced exactly for {self.region_hits[region]} of {n} jobs)"
-            region_exact = self.region_hits[region]
+        full = [loc for loc, h in self.region_hits.items() if h == self.region_jobs]
+        if self.region_jobs and full:
+            region = min(full, key=lambda loc: (self.region_sum[loc], loc))
+            region_cost = self.region_sum[region] + self.offcloud_usd
+            off = priced - self.region_jobs
+            region_detail = f"{region}" + (f" ({off} jobs that no cloud region can run counted at their recorded cost)"
+                                           if off else "")
+            single = make("single-region", region_cost, self.priced_usd, priced, region_detail)
         else:
-            region_cost, region_detail, region_exact = broker_usd, "no cloud region among the options", 0
+            why = ("no cloud region can run every job" if self.region_jobs else "no job could run in a cloud region")
+            single = make("single-region", self.priced_usd, self.priced_usd, 0, why)
+        no_od = priced - self.od_jobs
         return (
-            make("single-region", region_cost, region_exact, region_detail),
-            make("on-demand", self.ondemand_cost, self.ondemand_exact),
-            make("ignore-data", self.ignore_cost, n),
+            single,
+            make("on-demand", self.od_cost, self.od_broker, self.od_jobs,
+                 f"{no_od} jobs had no on-demand option and are not counted" if no_od else ""),
+            make("ignore-data", self.ignore_cost, self.priced_usd, priced),
         )
 
 
@@ -366,7 +370,7 @@ def _why(rec: Rec, chosen: Mapping[str, Any] | None, runner: Mapping[str, Any] |
     c_total, c_compute, c_egress = chosen["total_usd"], chosen["compute_usd"], chosen["egress_usd"]
     head = (
         f"{chosen['provider']} {chosen['region']} ({chosen['instance_type']}, {chosen['capacity']}): "
-        f"${c_total:,.2f} = ${c_compute:,.2f} compute + ${c_egress:,.2f} egress"
+        f"${c_total:,.2f} = ${c_compute:,.2f} compute + ${c_egress:,.2f} egress{_risk_text(chosen)}"
     )
     if runner is None:
         return f"{head}; the only feasible option of {rec.considered} offers considered"
@@ -397,8 +401,16 @@ def _why(rec: Rec, chosen: Mapping[str, Any] | None, runner: Mapping[str, Any] |
     extra = f"; {too_slow} offers could not meet the deadline" if too_slow else ""
     return (
         f"{head}; {verdict}; runner-up {runner['provider']} {runner['region']} ({runner['instance_type']}, "
-        f"{runner['capacity']}) ${r_total:,.2f} = ${r_compute:,.2f} compute + ${r_egress:,.2f} egress{extra}"
+        f"{runner['capacity']}) ${r_total:,.2f} = ${r_compute:,.2f} compute + ${r_egress:,.2f} egress"
+        f"{_risk_text(runner)}{extra}"
     )
+
+
+def _risk_text(o: Mapping[str, Any]) -> str:
+    """`` + $x spot interruption risk`` when the option's total carries one: the part of the total that is
+    neither compute nor egress (the expected interruption cost of a spot option), so the sum stays checkable."""
+    risk = o["total_usd"] - o["compute_usd"] - o["egress_usd"]
+    return f" + ${risk:,.2f} spot interruption risk" if risk >= _EPS else ""
 
 
 def _parts(
@@ -640,7 +652,7 @@ def _build(
             if ran is not None:
                 srow[4] += ran
                 srow[5] += 1
-        base.add(options_of(r))
+        base.add(total, r.baselines)
         if r.deadline is not None:
             dl_jobs += 1
             if r.predicted_finish_at is not None and r.predicted_finish_at <= r.deadline:
@@ -705,7 +717,7 @@ def _build(
         generated_at=generated_at or datetime.now(UTC),
         filters=filters or ReportFilters(),
         summary=summary,
-        baselines=base.baselines(est),
+        baselines=base.baselines(),
         by_provider=by_provider,
         by_region=by_region,
         by_namespace=by_namespace,

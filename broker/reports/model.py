@@ -61,11 +61,12 @@ class Summary:
 
 @dataclass(frozen=True, slots=True)
 class Baseline:
-    """What the same jobs would have cost under a simpler rule, priced from the stored options.
+    """What the same jobs would have cost under a simpler rule, priced at decision time.
 
-    ``savings_usd = cost_usd - broker_usd``. ``exact_jobs`` counts jobs whose baseline option was
-    among the stored options; for the others the cost is a lower bound (see docs/REPORTS.md), so
-    the savings are never overstated. ``detail`` names e.g. the region the baseline used.
+    ``savings_usd = cost_usd - broker_usd``, where ``broker_usd`` is the broker's recorded cost of
+    the jobs this baseline counts. ``exact_jobs`` counts the jobs priced (those whose decision
+    stored this baseline; see docs/REPORTS.md) of ``jobs`` placed. ``detail`` names e.g. the region
+    the baseline used and the jobs it could not count.
     """
 
     key: str

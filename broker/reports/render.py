@@ -259,9 +259,9 @@ def render_html(report: Report, *, max_html_decisions: int = 500, title: str = "
           f'<span class="{"good" if b.savings_usd >= 0 else "bad"}">{_m(b.savings_usd)}</span>',
           f"{b.savings_pct:.1f}%", f"{b.exact_jobs:,} / {b.jobs:,}"] for b in report.baselines],
         numeric=(1, 2, 3, 4),
-    ) + '<p class="note">Baselines are priced from the options stored with each decision; where a '
-        "baseline's option was not stored, the dearest stored option is used (a lower bound), so the savings "
-        "are never overstated.</p></div></div></section>")
+    ) + '<p class="note">Each decision stores, when it is made, what every baseline would have cost '
+        "(same catalog, egress and constraints); the savings are the difference of the two sums over the "
+        "jobs counted (see docs/REPORTS.md).</p></div></div></section>")
 
     # spend
     parts.append('<section id="spend"><h2>Spend</h2><div class="grid2">')

@@ -88,7 +88,7 @@ def load_records(
         cast(c.request, Text), cast(c.chosen, Text), cast(c.alternatives, Text), cast(c.rejected, Text),
         c.considered, c.feasible, c.policy, c.catalog_version, c.nodes, type_coerce(c.deadline, Text),
         type_coerce(c.predicted_finish_at, Text), c.runtime_hours, c.actual_cost_usd,
-        type_coerce(c.finished_at, Text), c.deadline_met,
+        type_coerce(c.finished_at, Text), c.deadline_met, cast(c.baselines, Text),
     ]
     stmt = select(*cols)
     if namespace is not None:
@@ -146,7 +146,7 @@ def _chosen_and_alternatives(chosen: Any, alts: Any) -> tuple[Any, list[Any]]:
 def _fill(out: list[Rec], rows: Any) -> None:
     loads, append, utc_text = orjson.loads, out.append, _utc_text
     for (rid, job_id, ns, kind, name, created, request, chosen, alts, rejected, considered, feasible, policy,
-         version, nodes, deadline, predicted, runtime, actual, finished, met) in rows:
+         version, nodes, deadline, predicted, runtime, actual, finished, met, baselines) in rows:
         chosen, alts = _chosen_and_alternatives(chosen, alts)
         append(
             Rec(
@@ -172,6 +172,7 @@ def _fill(out: list[Rec], rows: Any) -> None:
                 actual,
                 None if finished is None else utc_text(finished) if type(finished) is str else _when(finished),
                 None if met is None else bool(met),
+                (loads(baselines) if type(baselines) is str else _json(baselines)) or None,
             )
         )
 

@@ -66,8 +66,9 @@ class Costs:
     compute_usd: npt.NDArray[np.float64]
     egress_usd: npt.NDArray[np.float64]
     transfer_hours: npt.NDArray[np.float64]
-    total_usd: npt.NDArray[np.float64]
+    total_usd: npt.NDArray[np.float64]  # compute + egress + interruption
     finish_hours: npt.NDArray[np.float64]
+    interruption_usd: npt.NDArray[np.float64] | None = None  # expected cost of spot interruptions
 
 
 _MAX_EQ = 12  # up to this many codes, OR-ed equality tests beat a gather over every row

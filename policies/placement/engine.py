@@ -20,11 +20,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
 from broker.errors import SpecError
-from broker.model import Offer, PlacementOption, PlacementResult, Provenance, Request
+from broker.model import Capacity, Offer, PlacementOption, PlacementResult, Provenance, Request, SpotPolicy
 from policies.placement import (
     accelerator,
     allowlist,
@@ -45,8 +46,9 @@ from policies.placement.groups import offer_groups
 from pricing.catalog import ARCHS, CAPACITIES, Catalog
 from pricing.egress import EgressModel
 from pricing.geo import continent_of
+from pricing.interruption import InterruptionModel, load_interruptions
 
-__all__ = ["place", "check_offer", "FILTERS", "SCORES", "REASONS"]
+__all__ = ["place", "check_offer", "best_per_location", "price_offer", "FILTERS", "SCORES", "REASONS"]
 
 # Filter plugins in the order they are applied (a row is counted under the first reason that rejects it).
 FILTERS: dict[str, FilterFn] = {
@@ -96,28 +98,55 @@ def _validate(request: Request, parts: Sequence[Catalog], egress: EgressModel) -
         raise SpecError("spec", "nodes must be >= 1 and durationHours >= 0")
 
 
-def _loc_costs(request: Request, cat: Catalog, egress: EgressModel) -> tuple[np.ndarray, np.ndarray]:
-    """Per catalog location: USD of moving every data input there, and hours it takes."""
+class _LocCosts(NamedTuple):
+    """Per catalog location: USD of moving every data input there, the hours it takes, and the spot
+    interruption factor (``interruption_usd / compute_usd`` of a spot row there; 0 without spot)."""
+
+    usd: np.ndarray
+    hours: np.ndarray
+    risk: np.ndarray
+
+
+def _loc_costs(request: Request, cat: Catalog, egress: EgressModel, risk: InterruptionModel) -> _LocCosts:
     usd = np.zeros(len(cat.locations))
     hours = np.zeros(len(cat.locations))
     for d in request.data:
         u, h = egress.to_locations(d.location, d.size_gib, cat.locations)
         usd += u
         hours += h
-    return usd, hours
+    if request.spot == SpotPolicy.NEVER:
+        factor = np.zeros(len(cat.locations))
+    else:
+        factor = risk.factor(request.nodes, request.duration_hours + hours, risk.location_rates(cat.locations))
+    return _LocCosts(usd, hours, factor)
 
 
-def _costs(request: Request, cat: Catalog, idx: np.ndarray, loc_usd: np.ndarray, loc_hours: np.ndarray,
-           wait_hours: float) -> Costs:
+_SPOT_CODE = CAPACITIES.index(Capacity.SPOT)
+
+
+def _costs(request: Request, cat: Catalog, idx: np.ndarray, lc: _LocCosts, wait_hours: float) -> Costs:
     loc = cat.loc_code[idx]
     hourly = cat.hourly_usd[idx]
-    transfer = loc_hours[loc]
-    egress_usd = loc_usd[loc]
+    transfer = lc.hours[loc]
+    egress_usd = lc.usd[loc]
     compute = hourly * request.nodes * (request.duration_hours + transfer)
+    interruption = compute * np.where(cat.cap_code[idx] == _SPOT_CODE, lc.risk[loc], 0.0)
     return Costs(
         idx=idx, hourly_usd=hourly, compute_usd=compute, egress_usd=egress_usd, transfer_hours=transfer,
-        total_usd=compute + egress_usd, finish_hours=wait_hours + transfer + request.duration_hours,
+        total_usd=compute + egress_usd + interruption, finish_hours=wait_hours + transfer + request.duration_hours,
+        interruption_usd=interruption,
     )
+
+
+def _spot_risk(cat: Catalog, lc: _LocCosts) -> np.ndarray | None:
+    """The per-location factor by which ``cat``'s rows' compute grows (all its rows spot), ``None`` when no row
+    is at risk, or an empty array when the catalog mixes spot and other rows at risk (no per-location bound)."""
+    if not lc.risk.any() or not len(cat):
+        return None
+    spot = cat.cap_code == _SPOT_CODE
+    if spot.all():
+        return lc.risk
+    return None if not spot.any() else np.zeros(0)
 
 
 def _location_firsts(cat: Catalog, alive: np.ndarray, want: int, a_loc: np.ndarray, b_loc: np.ndarray,
@@ -169,9 +198,10 @@ _NO_ROWS = np.zeros(0, dtype=np.int64)
 
 
 def _filter_rows(request: Request, cat: Catalog, ctx: Context, rejected: dict[str, int], want: int,
-                 objective: object, loc_usd: np.ndarray, loc_hours: np.ndarray) -> tuple[int, np.ndarray]:
+                 objective: object, lc: _LocCosts, *, all_locations: bool = False) -> tuple[int, np.ndarray]:
     """Apply every filter (deadline included) to every row of ``cat``, adding to ``rejected``; return the
-    number of feasible rows and the rows to cost (see :func:`_location_firsts`)."""
+    number of feasible rows and the rows to cost (see :func:`_location_firsts`; ``all_locations``: at least
+    the first feasible row of every location)."""
     alive: np.ndarray | None = None
     n_alive = len(cat)
     for fn in FILTERS.values():
@@ -190,7 +220,7 @@ def _filter_rows(request: Request, cat: Catalog, ctx: Context, rejected: dict[st
                 break
     if alive is None:
         alive = np.ones(len(cat), dtype=bool)
-    late_loc = deadline.late_locations(request, loc_hours, ctx)
+    late_loc = deadline.late_locations(request, lc.hours, ctx)
     if n_alive and late_loc.any():
         late_rows = isin_codes(cat.loc_code, np.flatnonzero(late_loc))
         np.logical_and(alive, ~late_rows, out=alive)
@@ -199,10 +229,15 @@ def _filter_rows(request: Request, cat: Catalog, ctx: Context, rejected: dict[st
         n_alive = left
     if n_alive == 0:
         return 0, _NO_ROWS
-    a_loc = request.nodes * (request.duration_hours + loc_hours)
-    rows = _location_firsts(cat, alive, want, a_loc, loc_usd,
-                            exhaustive=bool(request.data) and objective is not cost.keys,
-                            uniform=not request.data)
+    risk = _spot_risk(cat, lc)
+    if risk is not None and not len(risk):  # spot and other rows at risk mixed: cost every feasible row
+        return n_alive, np.flatnonzero(alive)
+    a_loc = request.nodes * (request.duration_hours + lc.hours)
+    if risk is not None:
+        a_loc = a_loc * (1.0 + risk)
+    rows = _location_firsts(cat, alive, want, a_loc, lc.usd,
+                            exhaustive=all_locations or (bool(request.data) and objective is not cost.keys),
+                            uniform=not request.data and (risk is None or bool(np.ptp(risk) == 0.0)))
     return n_alive, np.flatnonzero(alive) if rows is None else rows
 
 
@@ -212,7 +247,7 @@ def _weighted_count(mask: np.ndarray, weight: np.ndarray) -> int:
 
 
 def _filter_grouped(request: Request, cat: Catalog, ctx: Context, rejected: dict[str, int], want: int,
-                    objective: object, loc_usd: np.ndarray, loc_hours: np.ndarray) -> tuple[int, np.ndarray]:
+                    objective: object, lc: _LocCosts, *, all_locations: bool = False) -> tuple[int, np.ndarray]:
     """:func:`_filter_rows` computed per offer group (see :mod:`policies.placement.groups`): the same counts
     and a superset of its rows to cost: every location's first feasible row, or every feasible row when
     fewer than ``want`` locations have one (the superset ranks the same, since a location's first feasible
@@ -261,7 +296,7 @@ def _filter_grouped(request: Request, cat: Catalog, ctx: Context, rejected: dict
                 break
     if alive is None:
         alive = np.ones(len(g.count), dtype=bool)
-    late_loc = deadline.late_locations(request, loc_hours, ctx)
+    late_loc = deadline.late_locations(request, lc.hours, ctx)
     if n_alive and late_loc.any():
         np.logical_and(alive, ~late_loc[rep.loc_code], out=alive)
         left = _weighted_count(alive, weight)
@@ -272,7 +307,9 @@ def _filter_grouped(request: Request, cat: Catalog, ctx: Context, rejected: dict
     # Groups are numbered in ascending first row (with a price cap, a live group's first row is under it);
     # a location's first feasible row is the first row of its first live group.
     n_locs, stop = len(cat.locations), len(alive)
-    if not request.data:
+    risk = _spot_risk(cat, lc)  # a shard is all spot or none: one factor per location
+    uniform = not request.data and (risk is None or bool(np.ptp(risk) == 0.0))
+    if uniform and not all_locations:
         # Without data every location prices alike: price order is rank order, so the first ``want``
         # locations' rows are the candidates (as in _location_firsts); a prefix of the groups usually has them.
         stop = min(stop, _PREFIX_GROUPS)
@@ -282,7 +319,7 @@ def _filter_grouped(request: Request, cat: Catalog, ctx: Context, rejected: dict
         first[rep.loc_code[live[::-1]]] = g.first_row[live[::-1]]  # the last write wins: each location's first
         found = first[first >= 0]
         if len(found) >= want:
-            return n_alive, np.sort(found)[:want] if not request.data else np.sort(found)
+            return n_alive, np.sort(found)[:want] if uniform and not all_locations else np.sort(found)
         if stop >= len(alive):
             break
         stop = min(len(alive), stop * 8)
@@ -301,19 +338,90 @@ def _options(cat: Catalog, c: Costs, js: list[int]) -> list[PlacementOption]:
     arches = cat.arch_code[rows].tolist()
     cols = [cat.vcpus[rows].tolist(), cat.memory_gib[rows].tolist(), cat.gpus[rows].tolist(),
             c.hourly_usd[ja].tolist(), c.compute_usd[ja].tolist(), c.egress_usd[ja].tolist(),
-            c.transfer_hours[ja].tolist(), c.total_usd[ja].tolist(), c.finish_hours[ja].tolist()]
+            c.transfer_hours[ja].tolist(), c.total_usd[ja].tolist(), c.finish_hours[ja].tolist(),
+            c.interruption_usd[ja].tolist()]
     out = []
     for n in range(len(js)):
         loc = cat.locations[locs[n]]
-        vcpus, mem, gpus, hourly, compute, egress_usd, transfer, total, finish = (col[n] for col in cols)
+        vcpus, mem, gpus, hourly, compute, egress_usd, transfer, total, finish, risk = (col[n] for col in cols)
         out.append(PlacementOption(
             provider=loc.provider, region=loc.region, zone=cat.zones[zones[n]] or None,
             instance_type=cat.type_names[types[n]], capacity=CAPACITIES[caps[n]].value, vcpus=vcpus,
             memory_gib=mem, gpus=gpus, accelerator=cat.accelerators[accs[n]] or None, hourly_usd=hourly,
             compute_usd=compute, egress_usd=egress_usd, transfer_hours=transfer, total_usd=total,
-            site=loc.site.value, finish_hours=finish, arch=ARCHS[int(arches[n])],
+            site=loc.site.value, finish_hours=finish, arch=ARCHS[int(arches[n])], interruption_usd=risk,
         ))
     return out
+
+
+def _prepare(request: Request, catalog: Catalog, egress: EgressModel,
+             extra_offers: Sequence[Offer]) -> list[Catalog]:
+    """The catalog's capacity shards plus the extra offers' catalog, the request's data locations checked."""
+    # Design choice: the catalog is split once into a non-spot and a spot shard (sharing its tables); the
+    # filter loop stops a shard as soon as no row is left, so the spot plugin empties the shard a request
+    # cannot use after two cheap checks, and rejection counts stay those of one pass over every offer.
+    parts = [*catalog.capacity_shards()] + ([_extra_catalog(tuple(extra_offers))] if extra_offers else [])
+    _validate(request, parts, egress)
+    return parts
+
+
+def best_per_location(
+    request: Request,
+    catalog: Catalog,
+    egress: EgressModel,
+    *,
+    now: datetime | None = None,
+    extra_offers: Sequence[Offer] = (),
+    wait_hours: float = 0.0,
+    risk: InterruptionModel | None = None,
+) -> dict[str, PlacementOption]:
+    """``{provider:region: its best feasible option}`` over every location where ``request`` is feasible (every
+    filter and the deadline applied, as :func:`place`), ranked by the request's objective. A location's best row
+    is its first feasible row in price order (see :func:`_location_firsts`), so this costs one row per location."""
+    ctx = Context(now=now or datetime.now(UTC), wait_hours=wait_hours)
+    parts = _prepare(request, catalog, egress, extra_offers)
+    objective = SCORES.get(str(request.objective), cost.keys)
+    out: dict[str, tuple[tuple[float, ...], PlacementOption]] = {}
+    loc_costs: dict[int, _LocCosts] = {}
+    model = risk or load_interruptions()
+    for p, cat in enumerate(parts):
+        if not len(cat):
+            continue
+        lc = _shared_loc_costs(loc_costs, request, cat, egress, model)
+        args = (request, cat, ctx, {}, 1, objective, lc)
+        _, rows = (_filter_grouped if p < 2 else _filter_rows)(*args, all_locations=True)
+        if not len(rows):
+            continue
+        c = _costs(request, cat, rows, lc, wait_hours)
+        ks = [k.tolist() for k in objective(request, c)]  # type: ignore[operator]
+        for j, opt in enumerate(_options(cat, c, list(range(len(rows))))):
+            rank = tuple(k[j] for k in ks)
+            loc = f"{opt.provider}:{opt.region}"
+            seen = out.get(loc)
+            if seen is None or rank < seen[0]:
+                out[loc] = (rank, opt)
+    return {loc: opt for loc, (_, opt) in sorted(out.items())}
+
+
+def _shared_loc_costs(memo: dict[int, _LocCosts], request: Request, cat: Catalog, egress: EgressModel,
+                     model: InterruptionModel) -> _LocCosts:
+    """:func:`_loc_costs` once per location table (the capacity shards share their catalog's)."""
+    key = id(cat.locations)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _loc_costs(request, cat, egress, model)
+    return hit
+
+
+def price_offer(request: Request, offer: Offer, egress: EgressModel, *, wait_hours: float = 0.0,
+                risk: InterruptionModel | None = None) -> PlacementOption:
+    """``offer`` costed for ``request`` exactly as :func:`place` costs a row (compute over duration and
+    transfer, egress of every input to its location, spot interruption risk), whether or not the filters
+    would take it."""
+    cat = _extra_catalog((offer,))
+    _validate(request, [cat], egress)
+    lc = _loc_costs(request, cat, egress, risk or load_interruptions())
+    return _options(cat, _costs(request, cat, np.arange(1), lc, wait_hours), [0])[0]
 
 
 def place(
@@ -325,6 +433,8 @@ def place(
     now: datetime | None = None,
     extra_offers: Sequence[Offer] = (),
     wait_hours: float = 0.0,
+    baselines: bool = False,
+    risk: InterruptionModel | None = None,
 ) -> PlacementResult:
     """The best placement of ``request`` over ``catalog`` (plus ``extra_offers``: on-prem/edge capacity
     available now) and up to ``top`` ranked, diverse alternatives.
@@ -332,32 +442,27 @@ def place(
     ``now`` (UTC, default the current time) and ``wait_hours`` (predicted queue wait) judge the deadline.
     ``placement`` is ``None`` when nothing is feasible; ``rejected`` then says why, per reason constant.
     Raises :class:`SpecError` (field ``spec.data[i].location``) for a data location that neither the
-    catalog, the inventory nor the region tables know. Pure: reads its arguments only.
+    catalog, the inventory nor the region tables know. Pure: reads its arguments only. ``baselines=True``
+    also fills ``result.baselines`` (what the report's savings baselines need; a few more placements).
     """
     now = now or datetime.now(UTC)
     ctx = Context(now=now, wait_hours=wait_hours)
-    # Design choice: the catalog is split once into a non-spot and a spot shard (sharing its tables); the
-    # filter loop stops a shard as soon as no row is left, so the spot plugin empties the shard a request
-    # cannot use after two cheap checks, and rejection counts stay those of one pass over every offer.
-    parts = [*catalog.capacity_shards()] + ([_extra_catalog(tuple(extra_offers))] if extra_offers else [])
-    _validate(request, parts, egress)
+    parts = _prepare(request, catalog, egress, extra_offers)
     objective = SCORES.get(str(request.objective), cost.keys)
     rejected: dict[str, int] = {}
     considered = 0
     pools: list[tuple[Catalog, Costs]] = []
     extra_feasible = [0]  # feasible rows not costed (_location_firsts proved they cannot win)
     want = top + 1
-    loc_costs: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # the shards share one location table
+    loc_costs: dict[int, _LocCosts] = {}  # the shards share one location table
+    model = risk or load_interruptions()
     for p, cat in enumerate(parts):
         considered += len(cat)
-        key = id(cat.locations)
-        if key not in loc_costs:
-            loc_costs[key] = _loc_costs(request, cat, egress)
-        loc_usd, loc_hours = loc_costs[key]
-        args = (request, cat, ctx, rejected, want, objective, loc_usd, loc_hours)
+        lc = _shared_loc_costs(loc_costs, request, cat, egress, model)
+        args = (request, cat, ctx, rejected, want, objective, lc)
         # Shards of the catalog are filtered per offer group; extra offers (a few on-prem/edge rows) per row.
         n_alive, rows = _filter_grouped(*args) if p < 2 and len(cat) else _filter_rows(*args)
-        c = _costs(request, cat, rows, loc_usd, loc_hours, wait_hours)
+        c = _costs(request, cat, rows, lc, wait_hours)
         extra_feasible[0] += n_alive - len(c.idx)
         pools.append((cat, c))
     feasible = sum(len(c.idx) for _, c in pools) + extra_feasible[0]
@@ -375,6 +480,14 @@ def place(
         rejected=rejected,
         catalog_version=catalog.version,
     )
+    if baselines:
+        from dataclasses import replace
+
+        from policies.placement.baselines import decision_baselines
+
+        res = replace(res, baselines=decision_baselines(request, catalog, egress, res, now=now,
+                                                        extra_offers=extra_offers, wait_hours=wait_hours,
+                                                        risk=model))
     return _with_explanation(res)
 
 
@@ -489,8 +602,8 @@ def check_offer(
         for reason, ok in fn(request, cat, ctx):
             if not bool(ok[0]):
                 return Verdict.unresolvable(reason)
-    loc_usd, loc_hours = _loc_costs(request, cat, egress)
-    c = _costs(request, cat, np.arange(1), loc_usd, loc_hours, wait_hours)
+    lc = _loc_costs(request, cat, egress, load_interruptions())
+    c = _costs(request, cat, np.arange(1), lc, wait_hours)
     if not bool(deadline.ok(request, c, ctx)[0]):
         return Verdict.reject(deadline.DeadlineMiss)
     return Verdict.ok()

@@ -22,11 +22,13 @@ def explain(res: PlacementResult) -> str:
         reason, count = max(res.rejected.items(), key=lambda kv: (kv[1], kv[0]))
         return (
             f"No feasible placement among {res.considered} offers; most were rejected by {reason} ({count}). "
-            "To fix: relax that constraint."
+            + ("To fix: set placement.burstable: allowed, or ask for other types." if reason == "BurstableType"
+               else "To fix: relax that constraint.")
         )
+    risk = f" + spot interruption risk ${best.interruption_usd:,.2f}" if best.interruption_usd >= 0.005 else ""
     head = (
         f"{describe(best)} wins at ${best.total_usd:,.2f} total "
-        f"(compute ${best.compute_usd:,.2f} + egress ${best.egress_usd:,.2f})"
+        f"(compute ${best.compute_usd:,.2f} + egress ${best.egress_usd:,.2f}{risk})"
     )
     if not res.alternatives:
         return head + f"; it is the only feasible choice among {res.considered} offers."

@@ -110,7 +110,7 @@ def h(tmp_path: Path, store_url: str) -> Iterator[Harness]:
 
 def gang(name: str, nodes: int, *, cpu: str = "2", memory: str = "2Gi", providers: Sequence[str] = ("onprem",),
          regions: Sequence[str] = (), **placement: Any) -> dict[str, Any]:
-    pl: dict[str, Any] = {"providers": list(providers), **placement}
+    pl: dict[str, Any] = {"providers": list(providers), "burstable": "allowed", **placement}  # t3a.medium offers
     if regions:
         pl["regions"] = list(regions)
     return job_doc(name, cpu=cpu, memory=memory, hours=1, nodes=nodes, placement=pl)
@@ -251,7 +251,9 @@ def test_an_interconnect_gang_runs_on_nvlink_types_end_to_end(h: Harness) -> Non
 
 
 def cloud_job(name: str, regions: Sequence[str] = EQUAL_REGIONS) -> dict[str, Any]:
-    return job_doc(name, cpu="2", memory="4Gi", hours=1, placement={"providers": ["aws"], "regions": list(regions)})
+    # t3a.medium is burstable: whole-vCPU jobs take it only when they allow it (issue 12)
+    return job_doc(name, cpu="2", memory="4Gi", hours=1,
+                   placement={"providers": ["aws"], "regions": list(regions), "burstable": "allowed"})
 
 
 def test_least_loaded_spreads_equivalent_regions_within_a_cycle(h: Harness) -> None:

@@ -32,6 +32,7 @@ from tests.pricing.catalog_builders import (  # noqa: F401
     make_request,
     real_catalog,
     shared_core_rows,
+    spot_risk_factor,
 )
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
@@ -56,6 +57,13 @@ def _independent_total(o: PlacementOption, req: Request) -> tuple[float, float, 
                 for d in req.data)
     egress = sum(EGRESS.egress_usd(d.location, dst, d.size_gib) for d in req.data)
     compute = o.hourly_usd * req.nodes * (req.duration_hours + hours)
+    if o.capacity == "spot":  # expected interruption cost, default band 5-10%/month (midpoint 7.5%)
+        import math
+
+        risk = compute * req.nodes * (-math.log(1 - 0.075) / 730) * ((req.duration_hours + hours) / 2 + 0.1)
+        assert o.interruption_usd == pytest.approx(risk)
+        return compute, egress, compute + egress + risk
+    assert o.interruption_usd == 0.0
     return compute, egress, compute + egress
 
 
@@ -98,7 +106,8 @@ def test_compute_only_choice_equals_a_brute_force_scan_of_the_real_catalog(
             ok &= cat.hourly_usd <= req.max_hourly_usd
         # whole-vCPU requests are sustained work: no burstable (CPU-credit / shared-core) families
         ok &= ~shared_core_rows(cat)
-        best = float(cat.hourly_usd[ok].min()) * req.nodes * req.duration_hours
+        paid = req.nodes * req.duration_hours
+        best = float((cat.hourly_usd * paid * spot_risk_factor(cat, req, req.duration_hours))[ok].min())
         assert res.placement is not None
         assert res.placement.total_usd == pytest.approx(best, rel=1e-9)
         assert res.feasible == int(ok.sum())
@@ -303,7 +312,8 @@ def test_with_data_the_best_equals_a_brute_force_over_every_feasible_row(
     finish = req.duration_hours + loc_h[cat.loc_code]
     if req.deadline is not None:
         ok &= finish <= (req.deadline - NOW).total_seconds() / 3600
-    total = cat.hourly_usd * req.nodes * (req.duration_hours + loc_h[cat.loc_code]) + loc_usd[cat.loc_code]
+    paid_h = req.duration_hours + loc_h[cat.loc_code]
+    total = cat.hourly_usd * req.nodes * paid_h * spot_risk_factor(cat, req, paid_h) + loc_usd[cat.loc_code]
     assert res.feasible == int(ok.sum())
     assert res.placement is not None
     if req.objective == Objective.COST:

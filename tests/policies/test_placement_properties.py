@@ -3,6 +3,7 @@ placement's total equals the minimum of a brute-force scan of every offer."""
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 
 from hypothesis import HealthCheck, given, settings
@@ -70,7 +71,10 @@ def _cost(o: Offer, r: Request) -> tuple[float, float]:
     hours = sum(0.0 if d.location == dst else d.size_gib * GBIT_PER_GIB / EGRESS.gbps(d.location, dst) / 3600
                 for d in r.data)
     egress = sum(EGRESS.egress_usd(d.location, dst, d.size_gib) for d in r.data)
-    return o.hourly_usd * r.nodes * (r.duration_hours + hours) + egress, hours + r.duration_hours
+    compute = o.hourly_usd * r.nodes * (r.duration_hours + hours)
+    if o.capacity == Capacity.SPOT:  # expected interruption cost: default band 5-10%/month, midpoint 7.5%
+        compute *= 1 + r.nodes * (-math.log(1 - 0.075) / 730) * ((r.duration_hours + hours) / 2 + 0.1)
+    return compute + egress, hours + r.duration_hours
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

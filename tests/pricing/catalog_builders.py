@@ -55,6 +55,18 @@ def shared_core_rows(cat: Catalog) -> np.ndarray:
     return shared_type[cat.type_code]
 
 
+
+def spot_risk_factor(cat: Catalog, req: Request, paid_hours: float | np.ndarray) -> np.ndarray:
+    """Per row: 1 + the expected interruption cost / compute of a spot row under the default band (5-10% a
+    month, midpoint 7.5%: -ln(1 - 0.075) / 730 per hour), N nodes each losing half the run plus 0.1 h per
+    interruption; 1 for other capacity. Written independently of pricing/interruption.py."""
+    import math
+
+    rate = -math.log(1 - 0.075) / 730
+    spot = (cat.cap_code == 1) & (req.spot != "never")
+    return 1.0 + np.where(spot, req.nodes * rate * (np.asarray(paid_hours) / 2 + 0.1), 0.0)
+
+
 def data(location: str, size_gib: float) -> DataInput:
     return DataInput(uri=f"s3://bucket/{location}", location=location, size_gib=size_gib)
 

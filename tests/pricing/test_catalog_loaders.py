@@ -120,7 +120,11 @@ def test_bad_catalog_dirs_raise_a_catalog_error(tmp_path: Path, layout: dict[str
 def test_embedded_catalog_is_built_from_libcloud_package_data() -> None:
     cat = load_embedded()
     assert {p.provider for p in cat.provenance} == {"aws", "azure", "gcp"}
-    assert all(p.date == "2025-03-02" and p.source.startswith("libcloud-") for p in cat.provenance)
+    libcloud = [p for p in cat.provenance if p.source.startswith("libcloud-")]
+    assert libcloud and all(p.date == "2025-03-02" for p in libcloud)
+    listed = [p for p in cat.provenance if p.source == "list-prices.csv"]
+    assert {p.provider for p in listed} == {"aws", "azure", "gcp"} and all(p.date == "2025-06-15" for p in listed)
+    assert len(cat.provenance) == len(libcloud) + len(listed)
     got = _offers(cat)
     assert got[("aws", "us-east-1", None, "m5.large", "on-demand")] == 0.096
     assert got[("gcp", "us-central1", None, "n2-standard-4", "on-demand")] == pytest.approx(0.194236, abs=1e-5)

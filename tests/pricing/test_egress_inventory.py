@@ -28,7 +28,7 @@ def _rate(provider: str, kind: str) -> float:
         ("gcp:europe-west4", "gcp:europe-west4", 0.0, DATA["same_region"]["gbps"]),
         ("aws:us-east-1", "aws:us-west-2", _rate("aws", "same_continent_usd_per_gib"),
          DATA["bandwidth_gbps"]["inter_region_same_continent"]),
-        ("gcp:us-central1", "gcp:europe-west4", _rate("gcp", "cross_continent_usd_per_gib"),
+        ("gcp:us-central1", "gcp:asia-east1", _rate("gcp", "cross_continent_usd_per_gib"),
          DATA["bandwidth_gbps"]["inter_region_cross_continent"]),
         ("azure:westeurope", "azure:northeurope", _rate("azure", "same_continent_usd_per_gib"),
          DATA["bandwidth_gbps"]["inter_region_same_continent"]),
@@ -53,6 +53,42 @@ def test_routes(src: str, dst: str, usd: float, gbps: float) -> None:
     assert m.gbps(src, dst) == pytest.approx(gbps)
     expect_h = 0.0 if src == dst else 100 * GBIT_PER_GIB / gbps / 3600
     assert m.transfer_hours(src, dst, 100) == pytest.approx(expect_h)
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "usd"),
+    [
+        ("aws:us-east-1", "aws:eu-west-1", 0.02),
+        ("aws:eu-central-1", "aws:us-west-2", 0.02),
+        ("aws:ap-northeast-1", "aws:us-east-1", 0.09),
+        ("aws:ap-southeast-2", "aws:ap-northeast-1", 0.098),
+        ("aws:sa-east-1", "aws:us-east-1", 0.138),
+        ("aws:me-south-1", "aws:eu-west-1", 0.1105),
+        ("aws:af-south-1", "aws:eu-west-1", 0.147),
+        ("gcp:us-central1", "gcp:europe-west4", 0.05),
+        ("gcp:europe-west1", "gcp:us-east4", 0.05),
+        ("gcp:us-central1", "gcp:us-east4", 0.02),
+        ("gcp:us-central1", "gcp:asia-east1", 0.08),
+        ("gcp:asia-east1", "gcp:asia-northeast1", 0.05),
+        ("gcp:southamerica-east1", "gcp:us-central1", 0.14),
+        ("azure:eastus", "azure:westeurope", 0.05),
+        ("azure:westeurope", "azure:northeurope", 0.02),
+        ("azure:japaneast", "azure:eastus", 0.08),
+        ("azure:brazilsouth", "azure:eastus", 0.16),
+    ],
+)
+def test_inter_region_rates_follow_the_source_continent_tables(src: str, dst: str, usd: float) -> None:
+    """The published per-source-continent inter-region rates (docs/CATALOG.md, egress-v1.yaml): AWS is not a
+    flat $0.02 (up to ~7x from Africa), GCP North America <-> Europe is $0.05, not the $0.08 default."""
+    assert load_egress().usd_per_gib(src, dst) == pytest.approx(usd)
+
+
+def test_aws_cross_az_pays_both_sides() -> None:
+    m = load_egress()
+    a = Location("aws", "us-east-1", "use1-az1", continent="na")
+    b = Location("aws", "us-east-1", "use1-az2", continent="na")
+    assert m.usd_per_gib(a, b) == pytest.approx(0.01 + 0.01)
+    assert m.egress_usd(a, b, 100) == pytest.approx(2.0)
 
 
 def test_cross_zone_in_one_region_uses_the_zone_rate() -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from broker.model import DataInput, PlacementOption, PlacementResult, Request, SpotPolicy
 
@@ -88,6 +89,27 @@ def make_result(chosen: PlacementOption | None, *alts: PlacementOption, version:
     )
 
 
+def synthetic_baselines(rng: random.Random, options: list[PlacementOption], hours: float) -> dict[str, Any]:
+    """Baselines as placement stores them, consistent with ``options`` (ranked, the choice first): on-demand =
+    the best non-spot option, or the choice's on-demand twin (price / 0.35), or none; ignore-data = the option
+    cheapest on compute; regions = every cloud region, the options' totals where they are, dearer elsewhere."""
+    nonspot = [o for o in options if o.capacity != "spot"]
+    if nonspot:
+        on_demand: PlacementOption | None = nonspot[0]
+    elif rng.random() < 0.8:
+        c = options[0]
+        on_demand = make_option(c.provider, c.region, hourly=round(c.hourly_usd / 0.35, 4), hours=hours,
+                                egress=c.egress_usd, transfer_hours=c.transfer_hours)
+    else:
+        on_demand = None
+    ignore = min(options, key=lambda o: (o.compute_usd, o.total_usd))
+    regions = {f"{p}:{r}": round(options[-1].total_usd * rng.uniform(1.0, 1.5), 4) for p, r, _ in REGIONS}
+    for o in reversed(options):
+        if o.site == "cloud":
+            regions[f"{o.provider}:{o.region}"] = o.total_usd
+    return {"on-demand": on_demand, "ignore-data": ignore, "regions": regions}
+
+
 @dataclass(frozen=True)
 class Decision:
     job_id: str
@@ -129,6 +151,8 @@ def synthetic(n: int, *, seed: int = 7, start: datetime = T0, alternatives: int 
         unplaceable = rng.random() < 0.03
         chosen = None if unplaceable else options[0]
         result = make_result(chosen, *([] if unplaceable else options[1:]), version=f"cat-v{1 + i % 2}")
+        if chosen is not None and rng.random() < 0.95:  # a few records predate stored baselines
+            result = replace(result, baselines=synthetic_baselines(rng, options, hours))
         at = start + timedelta(minutes=7 * i)
         kind = "preview" if rng.random() < 0.05 else "placement"
         yield Decision(f"j{i}", rng.choice(["team-a", "team-b", "ml"]), req, result, at, kind)

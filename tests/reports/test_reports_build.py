@@ -52,32 +52,32 @@ def test_savings_recomputed_from_the_stored_records_match_the_report(store_engin
     assert report.summary.jobs_placed == len(placed)
     assert report.summary.estimated_spend_usd == pytest.approx(broker)
 
-    # on-demand: cheapest non-spot stored option, else the dearest stored option (lower bound)
-    ondemand = 0.0
-    for r in placed:
-        nonspot = [o["total_usd"] for o in _opts(r) if o["capacity"] != "spot"]
-        ondemand += min(nonspot) if nonspot else max(o["total_usd"] for o in _opts(r))
-    # ignore data: the lowest-compute stored option at its full total
-    ignore = sum(min(_opts(r), key=lambda o: (o["compute_usd"], o["total_usd"]))["total_usd"] for r in placed)
-    # single region: brute force over every cloud region seen
-    regions = {f"{o['provider']}:{o['region']}" for r in placed for o in _opts(r) if o["site"] == "cloud"}
-    per_region = {}
-    for region in regions:
-        cost = 0.0
-        for r in placed:
-            here = [o["total_usd"] for o in _opts(r) if f"{o['provider']}:{o['region']}" == region]
-            cost += min(here) if here else max(o["total_usd"] for o in _opts(r))
-        per_region[region] = cost
+    # every figure from the baselines stored with each decision, summed by hand
+    with_b = [r for r in placed if r.baselines]
+    assert 0 < len(with_b) < len(placed)  # the synthetic set has some records without baselines
+    od = [(r.baselines["on-demand"]["total_usd"], r.chosen["total_usd"]) for r in with_b
+          if r.baselines["on-demand"] is not None]
+    ignore = sum(r.baselines["ignore-data"]["total_usd"] for r in with_b)
+    broker_priced = sum(r.chosen["total_usd"] for r in with_b)
+    regions = set.intersection(*(set(r.baselines["regions"]) for r in with_b))
+    per_region = {reg: sum(r.baselines["regions"][reg] for r in with_b) for reg in regions}
     best_region = min(per_region, key=lambda k: (per_region[k], k))
 
     got = {b.key: b for b in report.baselines}
-    assert got["on-demand"].cost_usd == pytest.approx(ondemand)
+    assert got["on-demand"].cost_usd == pytest.approx(sum(t for t, _ in od))
+    assert got["on-demand"].broker_usd == pytest.approx(sum(c for _, c in od))
+    assert got["on-demand"].exact_jobs == len(od)
     assert got["ignore-data"].cost_usd == pytest.approx(ignore)
     assert got["single-region"].cost_usd == pytest.approx(per_region[best_region])
     assert got["single-region"].detail.startswith(best_region)
+    for key in ("ignore-data", "single-region"):
+        assert got[key].broker_usd == pytest.approx(broker_priced)
+        assert got[key].exact_jobs == len(with_b)
     for b in report.baselines:
-        assert b.savings_usd == pytest.approx(b.cost_usd - broker)
-        assert b.savings_usd >= -1e-9  # the broker chose the cheapest stored option every time
+        assert b.jobs == len(placed)
+        assert b.savings_usd == pytest.approx(b.cost_usd - b.broker_usd)
+        assert b.savings_usd >= -1e-9  # the broker chose the cheapest option every time
+        assert f"{len(placed) - len(with_b)} jobs recorded without baselines not counted" in b.detail
 
 
 def test_spend_and_egress_add_up_to_the_records(store_engine: Engine) -> None:

@@ -103,9 +103,9 @@ def test_query_filters_by_namespace_and_window_and_core_load_agrees(store_engine
         assert all(r.created_at.tzinfo is not None for r in fast)
 
 
-def _migration():  # type: ignore[no-untyped-def]
-    path = REPO / "broker" / "migrations" / "versions" / "0003_decisions.py"
-    spec = importlib.util.spec_from_file_location("hb_migration_0003", path)
+def _migration(name: str = "0003_decisions"):  # type: ignore[no-untyped-def]
+    path = REPO / "broker" / "migrations" / "versions" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"hb_migration_{name}", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -115,11 +115,14 @@ def _migration():  # type: ignore[no-untyped-def]
 def test_migration_0003_creates_the_table_the_model_declares(tmp_path: Path, reports_pg_url: str) -> None:
     mig = _migration()
     assert (mig.revision, mig.down_revision) == ("0003_decisions", "0002_edge")
+    mig12 = _migration("0006_issue12_baselines")  # adds the baselines column
+    assert mig12.revision == "0006_issue12_baselines"
     model = DecisionRecord.__table__  # type: ignore[attr-defined]
     for url in (f"sqlite:///{tmp_path}/m.db", reports_pg_url):
         engine = create_engine(url)
         with engine.begin() as conn, Operations.context(MigrationContext.configure(conn)):
             mig.upgrade()
+            mig12.upgrade()
         insp = inspect(engine)
         cols = {c["name"]: c for c in insp.get_columns("decision_records")}
         assert set(cols) == {c.name for c in model.columns}

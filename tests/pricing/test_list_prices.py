@@ -1,0 +1,115 @@
+"""The embedded default against the repository's dated public list prices (pricing/data/list-prices.csv),
+and those list prices against the independent SkyPilot v8 catalog when ../shared holds it."""
+
+from __future__ import annotations
+
+import csv
+from datetime import date
+from pathlib import Path
+
+import pytest
+
+from broker.model import Capacity
+from pricing import Catalog, load_catalog
+from pricing.embedded import LIST_PRICES_PATH, RETIRED_REGIONS, load_embedded, load_list_prices
+from tests.pricing.catalog_builders import real_catalog  # noqa: F401
+
+ROWS = list(csv.DictReader(LIST_PRICES_PATH.open(newline="")))
+
+
+def _key(provider: str, region: str, itype: str, capacity: str) -> tuple[str, str, str]:
+    return (f"{provider}:{region}", itype, capacity)
+
+
+def _prices(cat: Catalog, source_prefix: str = "") -> dict[tuple[str, str, str], list[tuple[float, bool]]]:
+    import numpy as np
+
+    out: dict[tuple[str, str, str], list[tuple[float, bool]]] = {}
+    listed = [c for c, t in enumerate(cat.type_names) if t in {r["instance_type"] for r in ROWS}]
+    for i in np.flatnonzero(np.isin(cat.type_code, listed)):  # only the listed types: a few hundred rows
+        if source_prefix and not cat.sources[int(cat.src_code[i])].startswith(source_prefix):
+            continue
+        k = (cat.locations[int(cat.loc_code[i])].key, cat.type_names[int(cat.type_code[i])],
+             "spot" if cat.cap_code[i] == 1 else "on-demand")
+        out.setdefault(k, []).append((float(cat.hourly_usd[i]), bool(cat.outlier[i])))
+    return out
+
+
+@pytest.fixture(scope="module")
+def embedded() -> Catalog:
+    return load_embedded()
+
+
+def test_the_table_is_dated_sourced_and_spans_types_regions_capacities_and_clouds() -> None:
+    assert len(ROWS) >= 30
+    assert {r["provider"] for r in ROWS} == {"aws", "azure", "gcp"}
+    assert {r["capacity"] for r in ROWS} == {"on-demand", "spot"}
+    assert len({(r["provider"], r["region"]) for r in ROWS}) >= 8
+    assert len({r["instance_type"] for r in ROWS}) >= 30
+    assert {r["provider"] for r in ROWS if int(r["gpus"])} == {"aws", "azure", "gcp"}
+    for r in ROWS:
+        assert r["source_url"] and date.fromisoformat(r["as_of"]) <= date.today()
+    assert len({_key(r["provider"], r["region"], r["instance_type"], r["capacity"]) for r in ROWS}) == len(ROWS)
+
+
+def test_every_listed_offer_is_in_the_embedded_default_within_1_percent(embedded: Catalog) -> None:
+    got = _prices(embedded)
+    for r in ROWS:
+        k = _key(r["provider"], r["region"], r["instance_type"], r["capacity"])
+        ref = float(r["usd_per_hour"])
+        assert k in got, f"{k} is missing from the embedded catalog"
+        for price, outlier in got[k]:
+            assert abs(price - ref) <= 0.01 * ref, (k, price, ref)
+            assert not outlier, k
+
+
+def test_libcloud_gaps_stale_rows_and_retired_regions_are_fixed(embedded: Catalog) -> None:
+    got = _prices(embedded)
+    raw = _prices(load_embedded(list_prices=False))
+    for itype in ("m5.xlarge", "t3.medium", "r5.xlarge"):  # 0.0 cells in Libcloud's us-east-1 data
+        assert ("aws:us-east-1", itype, "on-demand") not in raw
+        assert ("aws:us-east-1", itype, "on-demand") in got
+    assert raw[("aws:us-east-1", "p4d.24xlarge", "on-demand")][0][0] == pytest.approx(36.05, abs=0.01)
+    assert got[("aws:us-east-1", "p4d.24xlarge", "on-demand")] == [(21.96, False)]  # after the 2025-06 cut
+    assert not {loc.key for loc in embedded.locations} & RETIRED_REGIONS
+    for provider in ("aws", "azure", "gcp"):  # GPUs on all three clouds
+        assert embedded.query(gpus=1, providers=[provider]).size > 0
+    for provider in ("azure", "gcp"):  # spot where the embedded sources publish it (AWS: no list price)
+        assert embedded.query(providers=[provider], capacities=[Capacity.SPOT.value]).size > 0
+    dated = {p.source: p.date for p in embedded.provenance}
+    assert dated["list-prices.csv"] == max(r["as_of"] for r in ROWS)
+
+
+def test_on_demand_list_prices_agree_with_the_skypilot_v8_catalog_within_1_percent(
+    real_catalog: Catalog,  # noqa: F811 - embedded + v8 (skips without ../shared); v8 rows win where both price
+) -> None:
+    sky = _prices(real_catalog, "skypilot-v8:")
+    compared = 0
+    for r in ROWS:
+        k = _key(r["provider"], r["region"], r["instance_type"], r["capacity"])
+        if r["capacity"] != "on-demand" or k not in sky:  # spot prices move daily: dated snapshots only
+            continue
+        ref = float(r["usd_per_hour"])
+        assert all(abs(p - ref) <= 0.01 * ref for p, _ in sky[k]), (k, ref, sky[k])
+        compared += 1
+    assert compared >= 20
+
+
+def test_a_bad_row_names_the_line(tmp_path: Path) -> None:
+    from broker.errors import CatalogError
+
+    bad = tmp_path / "prices.csv"
+    lines = LIST_PRICES_PATH.read_text().splitlines()
+    bad.write_text("\n".join([lines[0], lines[1].replace(",0.096,", ",cheap,")]) + "\n")
+    with pytest.raises(CatalogError, match=r"prices.csv:2: bad list-price row"):
+        load_list_prices(bad)
+
+
+def test_placement_over_the_default_catalog_finds_the_listed_m5_xlarge(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BROKER_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("BROKER_CATALOG_DIR", raising=False)
+    cat = load_catalog()
+    idx = cat.query(providers=["aws"], regions=["us-east-1"], min_vcpus=4, min_memory_gib=16)
+    names = {cat.type_names[int(cat.type_code[i])]: float(cat.hourly_usd[i]) for i in idx}
+    assert names["m5.xlarge"] == 0.192
