@@ -8,8 +8,8 @@
   device, device known and not revoked, certificate unexpired, signature by the device's registered key,
   timestamp within the window, duplicate id (dropped and re-acknowledged), sequence contiguous (a lower
   seq is a replay; a higher one is a gap: refused, and the ack tells the agent which seq it expects).
-  Rejections are counted by reason (:attr:`Gateway.rejections`, and ``hb_edge_rejected_total`` when
-  prometheus-client is installed), logged, and never affect other devices.
+  Rejections are counted by reason (:attr:`Gateway.rejections`, and ``hb_edge_rejected_total`` in the
+  ``registry`` given, the app's that /metrics serves), logged, and never affect other devices.
 * Accepted messages are written idempotently (``edge_uplinks`` keyed by device and message id) in one
   transaction per batch, then acknowledged to the device (``down/ack``), which deletes them from its outbox.
 * :meth:`Gateway.dispatch` sends a task with an expiry; outcomes go to a :class:`TaskSink` exactly once per
@@ -62,21 +62,17 @@ log = logging.getLogger("broker.gateway")
 _TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost", "refused"})
 _SINK_STATE = {"running": "RUNNING", "succeeded": "SUCCEEDED", "failed": "FAILED", "cancelled": "CANCELLED",
                "lost": "LOST", "refused": "REFUSED"}
-_prom: Any = None
-
-
-def _prom_counters() -> Any:
-    """Module-level prometheus counters (created once per process), or None without prometheus-client."""
-    global _prom
-    if _prom is None:
-        try:
-            from prometheus_client import Counter
-        except ImportError:  # pragma: no cover
-            _prom = False
-            return None
-        _prom = (Counter("hb_edge_rejected_total", "Edge uplink messages refused, by reason", ["reason"]),
-                 Counter("hb_edge_uplinks_total", "Edge uplink messages stored, by kind", ["kind"]))
-    return _prom or None
+def _prom_counters(registry: Any) -> Any:
+    """``(rejected, uplinks)`` prometheus counters in ``registry`` (the app's, which /metrics serves), or
+    None without a registry or without prometheus-client."""
+    if registry is None:
+        return None
+    try:
+        from prometheus_client import Counter
+    except ImportError:  # pragma: no cover
+        return None
+    return (Counter("hb_edge_rejected", "Edge uplink messages refused, by reason", ["reason"], registry=registry),
+            Counter("hb_edge_uplinks", "Edge uplink messages stored, by kind", ["kind"], registry=registry))
 
 
 class TaskSink(Protocol):
@@ -117,6 +113,7 @@ def task_body(task_id: str, job_id: str, spec: JobSpec, expires_at: datetime) ->
     mem_gib = spec.limits.get("memory") or spec.request.memory_gib
     return {"task_id": task_id, "job_id": job_id, "command": list(spec.command), "env": dict(spec.env),
             "image": spec.image, "timeout_seconds": timeout, "memory_mib": max(64, int(mem_gib * 1024)),
+            "vcpus": spec.request.vcpus,
             "expires_ms": int(expires_at.timestamp() * 1000)}
 
 
@@ -169,6 +166,8 @@ class Gateway:
         offline_after_s: float = OFFLINE_AFTER_SECONDS,
         replace_after_s: float = 300.0,
         batch: int = 1000,
+        registry: Any = None,
+        uplink_retention_s: float = 7 * 86400,
     ) -> None:
         self.store = store
         self.sink: TaskSink = sink or RecordingSink()
@@ -180,6 +179,8 @@ class Gateway:
         self.offline_after_s = offline_after_s
         self.replace_after_s = replace_after_s
         self.batch = batch
+        self._prom = _prom_counters(registry)
+        self.uplink_retention_s = uplink_retention_s
         self.rejections = protocol.RejectionCounter(on_reject=self._count_prom)
         self.accepted = 0
         self.duplicates = 0
@@ -205,9 +206,8 @@ class Gateway:
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def _count_prom(self, reason: str) -> None:
-        p = _prom_counters()
-        if p:
-            p[0].labels(reason=reason).inc()
+        if self._prom:
+            self._prom[0].labels(reason=reason).inc()
 
     def _on_connect(self, client: mqtt.Client, _u: Any, _f: Any, reason_code: Any, _p: Any) -> None:
         if getattr(reason_code, "is_failure", False):
@@ -427,10 +427,9 @@ class Gateway:
                     dev.last_seq, dev.last_seen, dev.online = last_seq[d], now, True
                     s.add(dev)
         self.accepted += stored
-        p = _prom_counters()
-        if p:
+        if self._prom:
             for k, n in kinds.items():
-                p[1].labels(kind=k).inc(n)
+                self._prom[1].labels(kind=k).inc(n)
         for d in set(acks) | set(expect):
             ids = acks.get(d, [])
             for i in range(0, max(len(ids), 1), 1000):
