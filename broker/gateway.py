@@ -59,6 +59,8 @@ from edge import pki, protocol
 __all__ = ["Gateway", "TaskSink", "RecordingSink", "task_body", "share_group"]
 
 log = logging.getLogger("broker.gateway")
+KICK_WITHIN_SECONDS = 3600.0  # a device revoked this recently has its open MQTT connection ended
+CANCEL_RESEND_SECONDS = 86400.0  # a returning device is told again about tasks given up this long ago
 _TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost", "refused"})
 _SINK_STATE = {"running": "RUNNING", "succeeded": "SUCCEEDED", "failed": "FAILED", "cancelled": "CANCELLED",
                "lost": "LOST", "refused": "REFUSED"}
@@ -187,7 +189,9 @@ class Gateway:
         self._inbox: queue.Queue[tuple[str, bytes]] = queue.Queue()
         self._stop = threading.Event()
         self._connected = threading.Event()
-        self._down_seq = 0
+        # Downlink seqs: one counter per replica, started at the wall clock (so agents of older versions,
+        # which require rising seqs, accept a restarted gateway) and never read from the clock again.
+        self._down_seq = time.time_ns() // 1000
         self._seq_lock = threading.Lock()
         self._pubkeys: dict[str, ec.EllipticCurvePublicKey] = {}  # cert serial -> key
         self._worker: threading.Thread | None = None
@@ -203,6 +207,9 @@ class Gateway:
         c.on_message = lambda _c, _u, m: self._inbox.put((m.topic, bytes(m.payload)))
         self._client = c
         self._host, self._port = host, port
+        self._tls = (ca_file, cert_file, key_file)
+        self._last_prune = 0.0
+        self._kicked: set[str] = set()
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def _count_prom(self, reason: str) -> None:
@@ -242,7 +249,7 @@ class Gateway:
     # ---- downlink -------------------------------------------------------------------------------
     def _next_seq(self) -> int:
         with self._seq_lock:
-            self._down_seq = max(self._down_seq + 1, time.time_ns() // 1000)
+            self._down_seq += 1
             return self._down_seq
 
     def send(self, device_id: str, kind: str, body: Mapping[str, Any], *, expiry_s: float | None = None,
@@ -271,10 +278,20 @@ class Gateway:
                               body=json.dumps(body), expires_at=expires_at, dispatched_at=now, updated_at=now))
         self.send(device_id, "task", body, expiry_s=(expires_at - now).total_seconds(), id=task_id)
 
-    def _redispatch(self, s: Session, device_id: str, now: datetime) -> list[dict[str, Any]]:
+    def _redispatch(self, s: Session, device_id: str, now: datetime) -> list[tuple[str, dict[str, Any]]]:
+        """What a device that says hello is owed: its undelivered tasks again, and a ``cancel`` for each of
+        its tasks given up (lost, cancelled) within :data:`CANCEL_RESEND_SECONDS`, so a device returning
+        from a long absence does not run a task the broker already re-placed (cancels are idempotent)."""
+        since = now - timedelta(seconds=CANCEL_RESEND_SECONDS)
         rows = s.exec(select(EdgeTaskRow).where(EdgeTaskRow.device_id == device_id,
-                                                EdgeTaskRow.state == "dispatched")).all()
-        return [json.loads(r.body) for r in rows if utc(r.expires_at) > now]
+                                                col(EdgeTaskRow.state).in_(("dispatched", "lost", "cancelled")))).all()
+        out: list[tuple[str, dict[str, Any]]] = []
+        for r in rows:
+            if r.state == "dispatched" and utc(r.expires_at) > now:
+                out.append(("task", json.loads(r.body)))
+            elif r.state != "dispatched" and utc(r.updated_at) >= since:
+                out.append(("cancel", {"task_id": r.task_id}))
+        return out
 
     # ---- uplink ---------------------------------------------------------------------------------
     def _work(self) -> None:
@@ -352,7 +369,7 @@ class Gateway:
         acks: dict[str, list[str]] = {}
         expect: dict[str, int] = {}
         effects: list[tuple[str, str, int | None, dict[str, Any]]] = []
-        redispatch: dict[str, list[dict[str, Any]]] = {}
+        redispatch: dict[str, list[tuple[str, dict[str, Any]]]] = {}
         stored = 0
         kinds: dict[str, int] = {}
         with self.store.tx() as s:
@@ -437,9 +454,12 @@ class Gateway:
                 if d in expect and i == 0:
                     body["expect"] = expect[d]
                 self.send(d, "ack", body)
-        for d, bodies in redispatch.items():
-            for b in bodies:
-                self.send(d, "task", b, expiry_s=(b["expires_ms"] - now_ms) / 1000, id=str(b["task_id"]))
+        for d, owed in redispatch.items():
+            for kind, b in owed:
+                if kind == "task":
+                    self.send(d, "task", b, expiry_s=(b["expires_ms"] - now_ms) / 1000, id=str(b["task_id"]))
+                else:
+                    self.send(d, kind, b)
         for job_id, state, code, detail in effects:
             try:
                 self.sink.task_status(job_id, state, code, detail)
@@ -449,7 +469,7 @@ class Gateway:
 
     def _apply(self, s: Session, dev: EdgeDeviceRow, env: protocol.Envelope, now: datetime,
                effects: list[tuple[str, str, int | None, dict[str, Any]]],
-               redispatch: dict[str, list[dict[str, Any]]]) -> None:
+               redispatch: dict[str, list[tuple[str, dict[str, Any]]]]) -> None:
         """Apply one accepted uplink. Every field is checked before anything changes: a wrong type raises
         :class:`protocol.Rejected` (``malformed``) with the device row and the task untouched."""
         b = env.body
@@ -506,6 +526,9 @@ class Gateway:
                 if dev.last_seen is None or utc(dev.last_seen) < off:
                     dev.online = False
                     s.add(dev)
+            recently = now - timedelta(seconds=KICK_WITHIN_SECONDS)
+            kicks = [d for d in s.exec(select(EdgeDeviceRow.id).where(col(EdgeDeviceRow.revoked_at) >= recently))
+                     if d not in self._kicked]
             open_tasks = s.exec(select(EdgeTaskRow).where(col(EdgeTaskRow.state).in_(("dispatched", "running"))))
             for t in open_tasks.all():
                 owner = s.get(EdgeDeviceRow, t.device_id)
@@ -521,5 +544,47 @@ class Gateway:
                     cancels.append((t.device_id, t.task_id))
         for device_id, task_id in cancels:
             self.send(device_id, "cancel", {"task_id": task_id})
+        for device_id in kicks:
+            self._kicked.add(device_id)  # once per replica
+            self.kick(device_id)
         for e in effects:
             self.sink.task_status(*e)
+        self._prune(now)
+
+    def kick(self, device_id: str, timeout_s: float = 5.0) -> bool:
+        """End ``device_id``'s open MQTT connection: connect once with its client id (Mosquitto closes the
+        older connection of a client id, "session takeover") and leave. Mosquitto checks the CRL only at the
+        TLS handshake, so this is what makes a revocation (with the CRL reloaded) lock a connected device out.
+        Returns whether the takeover connection was made."""
+        done = threading.Event()
+        c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=device_id, clean_session=True,
+                        protocol=MQTTProtocolVersion.MQTTv311)
+        c.tls_set(ca_certs=self._tls[0], certfile=self._tls[1], keyfile=self._tls[2],
+                  tls_version=ssl.PROTOCOL_TLS_CLIENT)
+        c.on_connect = lambda *_a: done.set()
+        try:
+            c.connect(self._host, self._port, keepalive=10)
+            c.loop_start()
+            ok = done.wait(timeout_s)
+            c.disconnect()
+            c.loop_stop()
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("could not end the MQTT connection of revoked device %s: %s", device_id, exc)
+            return False
+        log.info("ended the MQTT connection of revoked device %s", device_id)
+        return ok
+
+    def _prune(self, now: datetime) -> int:
+        """Delete stored uplinks older than ``uplink_retention_s`` (at most once a minute), so the
+        received-message table stays bounded. A task's outcome is copied into its job's event when it
+        settles; dedupe of a re-sent id needs the row only while the device may still re-send it."""
+        if now.timestamp() - self._last_prune < 60 or self.uplink_retention_s <= 0:
+            return 0
+        self._last_prune = now.timestamp()
+        cutoff = now - timedelta(seconds=self.uplink_retention_s)
+        table = UplinkRow.__table__  # type: ignore[attr-defined]
+        with self.store.tx() as s:
+            n = s.execute(sa.delete(table).where(table.c.received_at < cutoff)).rowcount
+        if n:
+            log.info("pruned %d uplinks received before %s", n, cutoff.isoformat())
+        return int(n or 0)

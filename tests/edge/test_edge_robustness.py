@@ -81,6 +81,59 @@ def test_a_duplicate_beyond_a_gap_is_not_acknowledged_so_the_device_can_fill_the
         assert devices.get_device(s, "gapdup-dev").last_seq == 2
 
 
+def test_a_device_returning_after_its_task_was_given_up_is_told_to_cancel_it_again(rig: Any) -> None:
+    gw, clock, store, ca, sent = rig
+    dev = Dev(store, ca, clock, "away-dev")
+    gw.process([dev.msg("hello", {})])
+    gw.dispatch("away-dev", "job-away", spec(), clock.now() + timedelta(hours=1))
+    clock.advance(gw.replace_after_s + 1)
+    gw.check_devices()
+    assert [c[1] for c in gw.sink.calls] == ["LOST"]
+    cancels = [b["task_id"] for d, k, b in sent if k == "cancel"]
+    assert cancels == ["job-away.1"]  # sent while the device was away: it may never get it
+    before = len(sent)
+    gw.process([dev.msg("hello", {})])
+    assert [b["task_id"] for d, k, b in sent if k == "cancel"] == ["job-away.1", "job-away.1"]
+    assert not [b for d, k, b in sent[before:] if k == "task"]  # and the lost task is not re-dispatched
+
+
+def test_old_uplinks_are_pruned(rig: Any) -> None:
+    gw, clock, store, ca, sent = rig
+    dev = Dev(store, ca, clock, "prune-dev")
+    gw.uplink_retention_s = 3600.0  # (the default is a week; the device certificate lives 72 h)
+    gw.process([dev.msg("telemetry", {"x": 1})])
+    gw.check_devices()
+    with store.read() as s:
+        assert len(devices.uplink_bodies(s, "prune-dev")) == 1
+    clock.advance(gw.uplink_retention_s + 120)
+    gw.process([dev.msg("telemetry", {"x": 2})])
+    gw.check_devices()
+    with store.read() as s:
+        assert [b["x"] for _q, b in devices.uplink_bodies(s, "prune-dev")] == [2]
+
+
+def test_downlinks_from_several_replicas_are_accepted_out_of_turn_but_never_twice() -> None:
+    from edge import pki
+
+    key = pki.generate_key()
+    v = protocol.Verifier(ordered=False)
+    pub = key.public_key()
+
+    def down(seq: int, id: str) -> protocol.Envelope:
+        return protocol.open_envelope(protocol.seal("ack", {"ids": []}, device="d1", seq=seq, key=key, id=id))
+
+    for env in (down(10**15 + 50, "a"), down(10**15, "b")):  # replica B's clock is 50 us behind A's
+        v.check(env, device="d1", public_key=pub)
+        v.accept(env)
+    with pytest.raises(protocol.Rejected) as rej:
+        v.check(down(10**15 + 99, "a"), device="d1", public_key=pub)
+    assert rej.value.reason == protocol.DUPLICATE
+    ordered = protocol.Verifier()  # uplinks stay ordered: a lower seq there is a replay
+    ordered.accept(down(5, "x"))
+    with pytest.raises(protocol.Rejected, match="replay"):
+        ordered.check(down(4, "y"), device="d1", public_key=pub)
+
+
 def _deep(n: int) -> dict[str, Any]:
     body: dict[str, Any] = {}
     for _ in range(n):
@@ -316,3 +369,49 @@ def test_a_task_on_a_real_agent_cannot_read_device_key(tmp_path: Path, store: An
     finally:
         agent.stop()
         gw.stop()
+
+
+@pytest.mark.network
+def test_revocation_ends_the_devices_open_connection_and_it_cannot_come_back(tmp_path: Path) -> None:
+    if MOSQUITTO is None:
+        pytest.skip("mosquitto is not installed (apt-get install -y mosquitto)")
+    from broker.clock import utcnow
+
+    fleet = Fleet(tmp_path)
+    fleet.mosq.start()
+    gw = make_gateway(fleet.store, fleet.mosq, fleet.ca)
+    dev = fleet.device("doomed-dev")
+    dropped = threading.Event()
+    dev.client.on_disconnect = lambda *_a: dropped.set()
+    try:
+        assert dev.connect()
+        assert not dev.publish(dev.seal({"hi": 1})).is_failure
+        wait_until(lambda: fleet.stored("doomed-dev") == 1, 10, "the device to be online")
+        with fleet.store.tx() as s:
+            devices.revoke_device(s, fleet.ca, "doomed-dev", now=utcnow())
+        fleet.mosq.reload_crl()  # the operator's step; Mosquitto checks the CRL only at the handshake
+        assert dev.client.is_connected() and not dropped.is_set()
+        gw.check_devices()
+        assert dropped.wait(10), "the revoked device's connection stayed open"
+        dev.client.loop_stop()
+        again = fleet.device("other-dev")  # the fleet still works
+        assert again.connect()
+        again.close()
+        retry = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="doomed-dev", protocol=MQTTProtocolVersion.MQTTv5)
+        retry.tls_set(ca_certs=str(fleet.ca.directory / "ca.pem"), certfile=str(tmp_path / "doomed-dev.pem"),
+                      keyfile=str(tmp_path / "doomed-dev.key"), tls_version=ssl.PROTOCOL_TLS_CLIENT)
+        back = threading.Event()
+        retry.on_connect = lambda _c, _u, _f, rc, _p: rc.is_failure or back.set()
+        try:
+            retry.connect("127.0.0.1", fleet.mosq.port)
+            retry.loop_start()
+            assert not back.wait(3), "the revoked device got back in"
+        except (ssl.SSLError, OSError):
+            pass  # refused at the handshake (TLS 1.2)
+        finally:
+            retry.loop_stop()
+    finally:
+        dev.client.disconnect()
+        gw.stop()
+        fleet.mosq.stop()
+        fleet.store.dispose()
