@@ -168,6 +168,7 @@ class Gateway:
         offline_after_s: float = OFFLINE_AFTER_SECONDS,
         replace_after_s: float = 300.0,
         batch: int = 1000,
+        inbox_max: int = 20_000,
         registry: Any = None,
         uplink_retention_s: float = 7 * 86400,
     ) -> None:
@@ -186,7 +187,9 @@ class Gateway:
         self.rejections = protocol.RejectionCounter(on_reject=self._count_prom)
         self.accepted = 0
         self.duplicates = 0
-        self._inbox: queue.Queue[tuple[str, bytes]] = queue.Queue()
+        # Bounded: when the worker falls behind, paho's network thread waits here and Mosquitto holds the
+        # rest (QoS 1 flow control) instead of this process's memory growing without end.
+        self._inbox: queue.Queue[tuple[str, bytes, int]] = queue.Queue(maxsize=inbox_max)
         self._stop = threading.Event()
         self._connected = threading.Event()
         # Downlink seqs: one counter per replica, started at the wall clock (so agents of older versions,
@@ -204,7 +207,7 @@ class Gateway:
         c.reconnect_delay_set(1, 2)
         c.on_connect = self._on_connect
         c.on_disconnect = lambda *_a: self._connected.clear()
-        c.on_message = lambda _c, _u, m: self._inbox.put((m.topic, bytes(m.payload)))
+        c.on_message = lambda _c, _u, m: self._inbox.put((m.topic, bytes(m.payload), self._now_ms()))
         self._client = c
         self._host, self._port = host, port
         self._tls = (ca_file, cert_file, key_file)
@@ -310,7 +313,7 @@ class Gateway:
             self.process_isolated(batch)
             self._maybe_check()
 
-    def process_isolated(self, batch: list[tuple[str, bytes]]) -> int:
+    def process_isolated(self, batch: list[tuple[Any, ...]]) -> int:
         """:meth:`process`; when the batch fails as a whole, each message again on its own, so a message
         that breaks processing costs only its sender (counted as ``malformed``), never the other devices."""
         try:
@@ -343,14 +346,21 @@ class Gateway:
             self._pubkeys[dev.cert_serial] = key = pub
         return key
 
-    def process(self, batch: list[tuple[str, bytes]]) -> int:
-        """Check, store and acknowledge one batch of ``(topic, payload)`` uplinks; returns how many were stored.
+    def _now_ms(self) -> int:
+        return int(self.clock.now().timestamp() * 1000)
+
+    def process(self, batch: list[tuple[Any, ...]]) -> int:
+        """Check, store and acknowledge one batch of ``(topic, payload[, received ms])`` uplinks; returns how
+        many were stored. The time window is checked against when a message was received (a gateway that
+        fell behind must not refuse, as stale, messages that were on time: they would be re-sent forever).
 
         One transaction for the batch; side effects (acks, sink calls, re-dispatch) run after the commit."""
         now = self.clock.now()
         now_ms = int(now.timestamp() * 1000)
-        parsed: list[tuple[str, str, protocol.Envelope]] = []
-        for topic, payload in batch:
+        parsed: list[tuple[str, str, protocol.Envelope, int]] = []
+        for item in batch:
+            topic, payload = item[0], item[1]
+            received_ms = int(item[2]) if len(item) > 2 else now_ms
             try:
                 device, direction, kind = protocol.parse_topic(topic)
                 if direction != "up":
@@ -363,7 +373,7 @@ class Gateway:
             except protocol.Rejected as rej:
                 self._reject(rej.reason, topic, rej.detail)
                 continue
-            parsed.append((topic, device, env))
+            parsed.append((topic, device, env, received_ms))
         if not parsed:
             return 0
         acks: dict[str, list[str]] = {}
@@ -374,7 +384,7 @@ class Gateway:
         kinds: dict[str, int] = {}
         with self.store.tx() as s:
             ids_by_dev: dict[str, list[str]] = {}
-            for _t, d, e in parsed:
+            for _t, d, e, _r in parsed:
                 ids_by_dev.setdefault(d, []).append(e.id)
             devs = {d.id: d for d in s.exec(select(EdgeDeviceRow).where(col(EdgeDeviceRow.id).in_(ids_by_dev)))}
             seen: set[tuple[str, str]] = set()
@@ -385,7 +395,7 @@ class Gateway:
                     seen.update((d, m) for m in s.exec(q).all())
             rows: list[dict[str, Any]] = []
             last_seq = {d: dev.last_seq for d, dev in devs.items()}  # ORM attribute writes are slow: once/batch
-            for topic, d, env in parsed:
+            for topic, d, env, received_ms in parsed:
                 dev = devs.get(d)
                 try:
                     if dev is None:
@@ -395,8 +405,9 @@ class Gateway:
                     if utc(dev.cert_not_after) <= now:
                         raise protocol.Rejected(protocol.REVOKED, f"device {d!r} certificate expired")
                     protocol.verify_signature(env, self._pubkey(dev))
-                    if abs(env.ts - now_ms) > self.window_ms:
-                        raise protocol.Rejected(protocol.STALE, f"ts is {abs(env.ts - now_ms) / 1000:.0f} s off")
+                    if abs(env.ts - received_ms) > self.window_ms:
+                        raise protocol.Rejected(protocol.STALE,
+                                                f"ts is {abs(env.ts - received_ms) / 1000:.0f} s off")
                     last = last_seq[d]
                     if (d, env.id) in seen:
                         # A re-send, or a re-run's re-emitted result under a new seq (kill -9 mid-task).
@@ -584,7 +595,7 @@ class Gateway:
         cutoff = now - timedelta(seconds=self.uplink_retention_s)
         table = UplinkRow.__table__  # type: ignore[attr-defined]
         with self.store.tx() as s:
-            n = s.execute(sa.delete(table).where(table.c.received_at < cutoff)).rowcount
+            n = getattr(s.execute(sa.delete(table).where(table.c.received_at < cutoff)), "rowcount", 0)
         if n:
             log.info("pruned %d uplinks received before %s", n, cutoff.isoformat())
         return int(n or 0)

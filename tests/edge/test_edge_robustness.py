@@ -134,6 +134,18 @@ def test_downlinks_from_several_replicas_are_accepted_out_of_turn_but_never_twic
         ordered.check(down(4, "y"), device="d1", public_key=pub)
 
 
+def test_a_gateway_that_fell_behind_judges_staleness_by_when_a_message_arrived(rig: Any) -> None:
+    gw, clock, store, ca, sent = rig
+    dev = Dev(store, ca, clock, "late-dev")
+    topic, payload = dev.msg("telemetry", {"x": 1})
+    arrived_ms = int(clock.now().timestamp() * 1000)
+    clock.advance(gw.window_ms / 1000 + 60)  # processed long after it arrived (a backlog in the inbox)
+    assert gw.process([(topic, payload, arrived_ms)]) == 1
+    old = protocol.seal("telemetry", {"x": 2}, device=dev.id, seq=dev.seq, key=dev.key, ts=arrived_ms)
+    assert gw.process([(topic, old)]) == 0  # but one that is old when it arrives is stale
+    assert gw.rejections.counts == {protocol.STALE: 1}
+
+
 def _deep(n: int) -> dict[str, Any]:
     body: dict[str, Any] = {}
     for _ in range(n):
@@ -415,3 +427,54 @@ def test_revocation_ends_the_devices_open_connection_and_it_cannot_come_back(tmp
         gw.stop()
         fleet.mosq.stop()
         fleet.store.dispose()
+
+
+SOAK_TASK = "import time\nfor i in range(40):\n    print('@hb-result %d' % i, flush=True)\n    time.sleep(0.02)\n"
+
+
+@pytest.mark.network
+def test_a_small_soak_with_mosquitto_and_agents_killed_loses_and_duplicates_nothing(
+        tmp_path: Path, store: Any, mosquitto: Any, edge_api: Any, fresh_ca: Any) -> None:
+    """The bounded version of ``bench/edge.py --soak``: 3 agents, each with 200 queued results and a live
+    task, Mosquitto SIGKILLed and restarted and one agent SIGKILLed mid-task and restarted."""
+    from broker.clock import utcnow
+    from edge.agent.store import Store as AgentStore
+    from tests.edge.conftest import AgentProcess, enroll_agent
+    from tests.edge.test_edge_e2e import make_spec
+
+    gw = make_gateway(store, mosquitto, fresh_ca)
+    ids = [f"soak-{i}" for i in range(3)]
+    agents = {d: AgentProcess(tmp_path / d) for d in ids}
+    try:
+        for i, d in enumerate(ids):
+            enroll_agent(tmp_path / d, edge_api, store, mosquitto, d, window=100)
+            st = AgentStore(tmp_path / d / "agent.db")
+            st.put_many([("result", {"task_id": f"q{i}", "n": n}, f"q{i}/r{n}", False) for n in range(200)])
+            st.close()
+            agents[d].start()
+            gw.dispatch(d, f"job-s{i}", make_spec([sys.executable, "-c", SOAK_TASK]), utcnow() + timedelta(minutes=5))
+        assert mosquitto.proc is not None
+        wait_until(lambda: gw.accepted > 200, 30, "the drain to start")
+        mosquitto.proc.kill()
+        mosquitto.proc.wait()
+        agents[ids[1]].kill9()
+        mosquitto.start()
+        agents[ids[1]].start()
+        for i in range(3):
+            assert gw.sink.wait_for(f"job-s{i}", "SUCCEEDED", 60), (gw.sink.calls, gw.rejections.counts)
+
+        def results_of(d: str, task: str) -> list[int]:
+            with store.read() as s:
+                return [b["n"] for _q, b in devices.uplink_bodies(s, d, "result")
+                        if b.get("task_id") == task and not b.get("final")]
+
+        for i, d in enumerate(ids):
+            wait_until(lambda d=d, i=i: len(results_of(d, f"q{i}")) == 200, 60, f"{d}'s queued results")
+            assert results_of(d, f"q{i}") == list(range(200))  # once each, in order
+            assert results_of(d, f"job-s{i}.1") == list(range(40))
+        finals = [c for c in gw.sink.calls if c[1] == "SUCCEEDED"]
+        assert sorted(c[0] for c in finals) == ["job-s0", "job-s1", "job-s2"]  # each reported once
+    finally:
+        for a in agents.values():
+            a.stop()
+        gw.stop()
