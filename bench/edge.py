@@ -5,14 +5,20 @@
 2. drain time of an offline backlog: the agent's SQLite outbox holds N results (default 100,000) when
    ``edge-agent run`` starts; time until the gateway stored and acknowledged them all (target <= 60 s).
 3. agent resident memory (VmRSS of the ``edge-agent run`` process) while draining (peak) and idle.
+4. ``--soak``: N agents (default 50) as processes, their outboxes holding M results in all (default
+   100,000), each also running a live task of R results, while Mosquitto and agents are SIGKILLed and
+   restarted at random; then every device's results are checked: none lost, none stored twice, every
+   task reported once.
 
 Usage: python bench/edge.py [--messages 20000] [--backlog 100000]
+       python bench/edge.py --soak [--agents 50] [--backlog 100000] [--task-results 200] [--seconds 900]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import signal
 import socket
@@ -23,6 +29,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -107,11 +114,172 @@ def e2e_rate(n: int, signed: bool, ca: pki.CertificateAuthority, dev: tuple[Path
     return n / dt
 
 
+TASK = (
+    "import sys, time\n"
+    "for i in range(int(sys.argv[1])):\n"
+    "    print('@hb-result %d' % i, flush=True)\n"
+    "    time.sleep(0.02)\n"
+)
+
+
+def soak(tmp: Path, *, agents: int, backlog: int, task_results: int, seconds: float, seed: int) -> bool:
+    """The soak of the module docstring (4.); prints its figures and returns whether nothing was lost or
+    duplicated."""
+    from broker.gateway import RecordingSink
+
+    rng = random.Random(seed)
+    mosq_bin = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    ca = pki.CertificateAuthority.init(tmp / "ca")
+    port = free_port()
+    conf = write_config(tmp / "mqtt", ca_file=ca.directory / "ca.pem", cert_file=ca.directory / "server.pem",
+                        key_file=ca.directory / "server.key", crl_file=ca.directory / "crl.pem",
+                        config=MosquittoConfig(port=port, bind_address="127.0.0.1",
+                                               user="root" if os.geteuid() == 0 else None))
+
+    def start_mosquitto() -> subprocess.Popen[bytes]:
+        p = subprocess.Popen([mosq_bin, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _MOSQ.append(p)
+        time.sleep(0.3)
+        return p
+
+    mosq = start_mosquitto()
+    store = Store(f"sqlite:///{tmp / 'broker.db'}")
+    upgrade(store.engine)
+    per = backlog // agents
+    ids = [f"soak-{i:03d}" for i in range(agents)]
+    for i, dev_id in enumerate(ids):
+        state = tmp / dev_id
+        key = pki.generate_key()
+        state.mkdir(parents=True)
+        pki.write_private(state / "device.key", pki.key_to_pem(key))
+        with store.tx() as s:
+            tok = devices.create_enroll_token(s, "bench", now=utcnow())
+        with store.tx() as s:
+            _d, pem = devices.enroll_device(s, ca, tok, pki.make_csr(key, dev_id).decode(), now=utcnow())
+        (state / "device.pem").write_text(pem)
+        shutil.copyfile(ca.directory / "ca.pem", state / "ca.pem")
+        shutil.copyfile(ca.directory / "gateway.pem", state / "gateway.pem")
+        AgentConfig(state_dir=str(state), device_id=dev_id, mqtt_port=port, heartbeat_seconds=10,
+                    capacity_seconds=3600, retransmit_seconds=5, reconnect_max_seconds=2, window=500,
+                    task_user="", max_parallel_tasks=1).save()
+        ast = AgentStore(state / "agent.db")
+        ast.put_many([("result", {"task_id": f"backlog-{i}", "n": n, "value": n}, f"backlog-{i}/r{n}", False)
+                      for n in range(per)])
+        ast.close()
+    sink = RecordingSink()
+    gw = Gateway(store, host="127.0.0.1", port=port, ca_file=str(ca.directory / "ca.pem"),
+                 cert_file=str(ca.directory / "gateway.pem"), key_file=str(ca.directory / "gateway.key"), sink=sink)
+    gw.start()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def start_agent(dev_id: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-m", "edge.agent.cli", "--state-dir", str(tmp / dev_id), "run"],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        return _soak_run(store, gw, sink, ids, procs, start_agent, start_mosquitto, mosq, rng, per=per,
+                         agents=agents, task_results=task_results, seconds=seconds)
+    finally:
+        gw.stop()
+        for p in procs.values():
+            p.kill()
+            p.wait()
+        for m in _MOSQ:
+            if m.poll() is None:
+                m.kill()
+                m.wait()
+        store.dispose()
+
+
+_MOSQ: list[subprocess.Popen[bytes]] = []
+
+
+def _soak_run(store: Store, gw: Gateway, sink: Any, ids: list[str], procs: dict[str, Any], start_agent: Any,
+              start_mosquitto: Any, mosq: Any, rng: random.Random, *, per: int, agents: int, task_results: int,
+              seconds: float) -> bool:
+    from datetime import timedelta
+
+    from broker.model import JobSpec, Request
+
+    procs.update({d: start_agent(d) for d in ids})
+    spec = JobSpec(name="soak", request=Request(name="soak", vcpus=1, memory_gib=0.25, duration_hours=0.1),
+                   command=(sys.executable, "-c", TASK, str(task_results)))
+    for i, dev_id in enumerate(ids):
+        gw.dispatch(dev_id, f"job-{i}", spec, utcnow() + timedelta(hours=1))
+    want = agents * (per + task_results)
+    count_q = sa.text("SELECT COUNT(*) FROM edge_uplinks WHERE kind='result' AND msg_id NOT LIKE :final"
+                      ).bindparams(final="%/final")
+
+    def stored() -> int:
+        with store.engine.connect() as conn:
+            return int(conn.execute(count_q).scalar_one())
+
+    t0 = time.perf_counter()
+    kills = {"mosquitto": 0, "agent": 0}
+    next_kill = t0 + rng.uniform(2, 6)
+    n = 0
+    while time.perf_counter() - t0 < seconds:
+        time.sleep(0.5)
+        done = sum(1 for i in range(agents) if any(c[0] == f"job-{i}" and c[1] == "SUCCEEDED" for c in sink.calls))
+        n = stored()
+        if n >= want and done == agents:
+            break
+        if time.perf_counter() >= next_kill and n < want * 0.9:
+            if rng.random() < 0.3:
+                mosq.kill()
+                mosq.wait()
+                time.sleep(rng.uniform(0.5, 2.0))
+                mosq = start_mosquitto()
+                kills["mosquitto"] += 1
+            else:
+                for dev_id in rng.sample(ids, k=max(1, agents // 10)):
+                    procs[dev_id].kill()
+                    procs[dev_id].wait()
+                    procs[dev_id] = start_agent(dev_id)
+                    kills["agent"] += 1
+            next_kill = time.perf_counter() + rng.uniform(3, 8)
+    elapsed = time.perf_counter() - t0
+    lost = dup = 0
+    with store.read() as s:
+        for i, dev_id in enumerate(ids):
+            bodies = [b for _q, b in devices.uplink_bodies(s, dev_id, "result") if not b.get("final")]
+            for task, count in ((f"backlog-{i}", per), (f"job-{i}.1", task_results)):
+                got = [b["n"] for b in bodies if b.get("task_id") == task]
+                lost += count - len(set(got))
+                dup += len(got) - len(set(got))
+    reported = [c for c in sink.calls if c[1] in ("SUCCEEDED", "FAILED")]
+    twice = len(reported) - len({c[0] for c in reported})
+    rss = [rss_mb(p.pid) for p in procs.values() if p.poll() is None]
+    print(f"soak: {agents} agents, {want:,} results ({agents * per:,} backlog + {agents} live tasks x {task_results})"
+          f", {kills['mosquitto']} Mosquitto kills, {kills['agent']} agent kill -9s, in {elapsed:.0f} s "
+          f"({n / elapsed:,.0f} results/s); lost {lost}, stored twice {dup}, tasks reported "
+          f"{len({c[0] for c in reported})}/{agents} (twice: {twice}); gateway duplicates {gw.duplicates}, "
+          f"rejections {gw.rejections.counts}; agent RSS median {sorted(rss)[len(rss) // 2] if rss else 0:.0f} MB")
+    ok = lost == 0 and dup == 0 and twice == 0 and len({c[0] for c in reported}) == agents
+    print(f"SUMMARY edge soak: {'OK' if ok else 'FAILED'}: lost {lost}, duplicated {dup}, "
+          f"{kills['mosquitto'] + kills['agent']} kills, {elapsed:.0f} s")
+    return ok
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=20_000)
     ap.add_argument("--backlog", type=int, default=100_000)
+    ap.add_argument("--soak", action="store_true", help="run the soak (4.) instead")
+    ap.add_argument("--agents", type=int, default=50)
+    ap.add_argument("--task-results", type=int, default=200)
+    ap.add_argument("--seconds", type=float, default=900)
+    ap.add_argument("--seed", type=int, default=13)
     args = ap.parse_args()
+    if args.soak:
+        tmp = Path(tempfile.mkdtemp(prefix="hb-edge-soak-"))
+        try:
+            ok = soak(tmp, agents=args.agents, backlog=args.backlog, task_results=args.task_results,
+                      seconds=args.seconds, seed=args.seed)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise SystemExit(0 if ok else 1)
     mosq_bin = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     if not Path(mosq_bin).exists():
         raise SystemExit("mosquitto is not installed: apt-get install -y mosquitto")

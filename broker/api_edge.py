@@ -5,6 +5,8 @@
 * ``POST /v1/edge/renew`` ``{cert_pem, csr_pem, sig}`` -> ``{cert_pem}`` (proof of possession of the key).
 * ``GET /v1/edge/crl`` -> the current CRL (PEM).
 * ``GET /v1/edge/probe?bytes=N`` -> N bytes (N <= 16 MiB), for the agents' bandwidth measurement.
+* ``POST /v1/edge/ca`` ``{hosts, force}`` -> ``{directory, ca_pem, files}`` (admin): creates the broker CA on
+  the server (409 when one exists, unless ``force``), so ``broker ca init`` works against a remote broker.
 * ``POST /v1/edge/enroll-tokens`` ``{namespace, ttl_seconds}`` -> ``{token, expires_at}`` (admin).
 * ``GET /v1/devices`` -> the device registry (admin); ``POST /v1/devices/{id}:revoke`` (admin).
 
@@ -59,6 +61,12 @@ class RenewIn(BaseModel):
 class TokenIn(BaseModel):
     namespace: str = Field(min_length=1, max_length=128)
     ttl_seconds: float = Field(default=3600, gt=0, le=30 * 86400)
+
+
+class CaIn(BaseModel):
+    hosts: list[Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9.:-]+$")]] = Field(
+        default_factory=list, max_length=32)
+    force: bool = False
 
 
 def _http(exc: Exception) -> HTTPException:
@@ -119,6 +127,24 @@ def crl(
 def probe(nbytes: Annotated[int, Query(alias="bytes", ge=1, le=16 << 20)] = 1 << 20) -> Response:
     """A payload of ``bytes`` zero bytes (at most 16 MiB) that agents download to measure their link bandwidth."""
     return Response(content=b"\0" * nbytes, media_type="application/octet-stream")
+
+
+@router.post("/v1/edge/ca", status_code=201)
+def init_ca(
+    body: CaIn,
+    settings: Annotated[Settings, Depends(get_settings)],
+    _admin: Annotated[Any, Depends(require_admin)],
+) -> dict[str, Any]:
+    """Create the broker CA on the server (admin): EC P-256 key 0600, the gateway and Mosquitto server
+    certificates (``hosts`` are extra SANs of the latter) and an empty CRL. 409 when a CA exists, unless
+    ``force``."""
+    d = ca_dir_of(settings)
+    try:
+        ca = pki.CertificateAuthority.init(d, server_hosts=("localhost", "127.0.0.1", *body.hosts), force=body.force)
+    except pki.PkiError as exc:
+        raise HTTPException(status_code=409, detail=str(exc)) from None
+    return {"directory": str(d), "ca_pem": ca.cert_pem,
+            "files": ["ca.pem", "ca.key", "gateway.pem", "gateway.key", "server.pem", "server.key", "crl.pem"]}
 
 
 @router.post("/v1/edge/enroll-tokens", status_code=201)

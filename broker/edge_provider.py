@@ -7,8 +7,9 @@ Three pieces, wired by :func:`install_edge` (``create_app`` calls it when ``BROK
   offers (``AppState.extra_offer_sources``) and device sites with their measured links (``AppState.site_sources``,
   merged into the egress model, so input data size vs a device's bandwidth counts against the deadline).
   :meth:`EdgeFleet.offers_for` narrows them per job: the job's namespace only, devices seen within
-  ``offline_after_s`` plus what the job can wait (:meth:`EdgeFleet.wait_allowance_s`), and not a device
-  that lost this job's task and has not been heard from since.
+  ``offline_after_s`` plus what the job can wait (:meth:`EdgeFleet.wait_allowance_s`), not a device
+  that lost this job's task and has not been heard from since, and not a device whose open tasks leave
+  too few vCPUs or too little memory for the job (busy slots: the job waits for it instead).
 * :class:`EdgeProvider` (``providers["edge"]``) is the :class:`providers.base.Provider` of the fleet:
   ``launch`` = :meth:`broker.gateway.Gateway.dispatch` (with an expiry), ``instances`` = the tasks in the
   store, ``terminate`` = a signed ``cancel`` downlink. The gateway's ``job_id`` of a task is the broker's
@@ -102,6 +103,16 @@ def parse_mqtt_url(url: str) -> tuple[str, int]:
 
 
 # ---------------------------------------------------------------------------------------------- fleet
+def _task_footprint(body_json: str) -> tuple[float, float]:
+    """``(vCPUs, memory GiB)`` a dispatched task holds on its device, from its ``task`` body (1 vCPU when
+    the body predates the ``vcpus`` field)."""
+    try:
+        body = json.loads(body_json)
+        return float(body.get("vcpus") or 1.0), float(body.get("memory_mib") or 0) / 1024.0
+    except (ValueError, TypeError, AttributeError):
+        return 1.0, 0.0
+
+
 @dataclass(frozen=True)
 class _Device:
     namespace: str
@@ -116,6 +127,8 @@ class _FleetView:
     devices: dict[str, _Device] = field(default_factory=dict)
     # job id -> {device id: when its task there was given up (lost/refused)}
     given_up: dict[str, dict[str, datetime]] = field(default_factory=dict)
+    # device id -> [vCPUs, memory GiB] its open tasks hold (refreshed per cycle, plus this cycle's launches)
+    busy: dict[str, list[float]] = field(default_factory=dict)
 
 
 class EdgeFleet:
@@ -157,10 +170,24 @@ class EdgeFleet:
                 per_job = given_up.setdefault(job_of_request(request_id), {})
                 at = utc(at)
                 per_job[device_id] = max(at, per_job.get(device_id, at))
-        view = _FleetView(at=now, offers=offers, sites=sites, devices=known, given_up=given_up)
+            busy: dict[str, list[float]] = {}
+            for device_id, body in s.execute(sa.select(tasks.c.device_id, tasks.c.body)
+                                             .where(tasks.c.state.in_(_OPEN_TASK))):
+                held = busy.setdefault(device_id, [0.0, 0.0])
+                for i, v in enumerate(_task_footprint(body)):
+                    held[i] += v
+        view = _FleetView(at=now, offers=offers, sites=sites, devices=known, given_up=given_up, busy=busy)
         with self._lock:
             self._view = view
         return list(offers)
+
+    def reserve(self, device_id: str, vcpus: float, memory_gib: float) -> None:
+        """Count a job just placed on ``device_id`` as holding its slots until the next :meth:`refresh` (the
+        scheduler calls it per decision, so one cycle does not place more on a device than it has)."""
+        with self._lock:
+            held = self._view.busy.setdefault(device_id, [0.0, 0.0])
+            held[0] += vcpus
+            held[1] += memory_gib
 
     def offers(self) -> list[Offer]:
         """:meth:`refresh` at the clock's now (the ``AppState.extra_offer_sources`` entry)."""
@@ -206,6 +233,12 @@ class EdgeFleet:
             gave_up_at = lost_here.get(o.location.region)
             if gave_up_at is not None and dev.last_seen <= gave_up_at:
                 waiting.append(o.location.region)
+                continue
+            held_cpu, held_mem = view.busy.get(o.location.region, (0.0, 0.0))
+            it = o.instance_type
+            if held_cpu and (request.vcpus > it.vcpus - held_cpu + 1e-9
+                             or request.memory_gib > it.memory_gib - held_mem + 1e-9):
+                waiting.append(o.location.region)  # busy: its running tasks leave too little room
                 continue
             kept.append(o)
             devices.append(o.location.region)
@@ -572,6 +605,8 @@ def install_edge(state: Any, *, gateway_options: Mapping[str, Any] | None = None
             state.scheduler.charge_runs(session, runs, now)
 
     runner = EdgeRunner(state.store, state.clock, on_change=on_change, charge=charge)
+    if metrics is not None:
+        gw_opts.setdefault("registry", metrics.registry)  # hb_edge_* on the app's /metrics
     gateway = build_gateway(state.settings, state.store, runner, state.clock, **gw_opts) if connect else None
     provider = EdgeProvider(state.store, gateway, fleet, state.clock)
     service = EdgeService(fleet=fleet, provider=provider, runner=runner, gateway=gateway)

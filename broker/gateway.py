@@ -8,8 +8,8 @@
   device, device known and not revoked, certificate unexpired, signature by the device's registered key,
   timestamp within the window, duplicate id (dropped and re-acknowledged), sequence contiguous (a lower
   seq is a replay; a higher one is a gap: refused, and the ack tells the agent which seq it expects).
-  Rejections are counted by reason (:attr:`Gateway.rejections`, and ``hb_edge_rejected_total`` when
-  prometheus-client is installed), logged, and never affect other devices.
+  Rejections are counted by reason (:attr:`Gateway.rejections`, and ``hb_edge_rejected_total`` in the
+  ``registry`` given, the app's that /metrics serves), logged, and never affect other devices.
 * Accepted messages are written idempotently (``edge_uplinks`` keyed by device and message id) in one
   transaction per batch, then acknowledged to the device (``down/ack``), which deletes them from its outbox.
 * :meth:`Gateway.dispatch` sends a task with an expiry; outcomes go to a :class:`TaskSink` exactly once per
@@ -59,24 +59,22 @@ from edge import pki, protocol
 __all__ = ["Gateway", "TaskSink", "RecordingSink", "task_body", "share_group"]
 
 log = logging.getLogger("broker.gateway")
+KICK_WITHIN_SECONDS = 3600.0  # a device revoked this recently has its open MQTT connection ended
+CANCEL_RESEND_SECONDS = 86400.0  # a returning device is told again about tasks given up this long ago
 _TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost", "refused"})
 _SINK_STATE = {"running": "RUNNING", "succeeded": "SUCCEEDED", "failed": "FAILED", "cancelled": "CANCELLED",
                "lost": "LOST", "refused": "REFUSED"}
-_prom: Any = None
-
-
-def _prom_counters() -> Any:
-    """Module-level prometheus counters (created once per process), or None without prometheus-client."""
-    global _prom
-    if _prom is None:
-        try:
-            from prometheus_client import Counter
-        except ImportError:  # pragma: no cover
-            _prom = False
-            return None
-        _prom = (Counter("hb_edge_rejected_total", "Edge uplink messages refused, by reason", ["reason"]),
-                 Counter("hb_edge_uplinks_total", "Edge uplink messages stored, by kind", ["kind"]))
-    return _prom or None
+def _prom_counters(registry: Any) -> Any:
+    """``(rejected, uplinks)`` prometheus counters in ``registry`` (the app's, which /metrics serves), or
+    None without a registry or without prometheus-client."""
+    if registry is None:
+        return None
+    try:
+        from prometheus_client import Counter
+    except ImportError:  # pragma: no cover
+        return None
+    return (Counter("hb_edge_rejected", "Edge uplink messages refused, by reason", ["reason"], registry=registry),
+            Counter("hb_edge_uplinks", "Edge uplink messages stored, by kind", ["kind"], registry=registry))
 
 
 class TaskSink(Protocol):
@@ -117,6 +115,7 @@ def task_body(task_id: str, job_id: str, spec: JobSpec, expires_at: datetime) ->
     mem_gib = spec.limits.get("memory") or spec.request.memory_gib
     return {"task_id": task_id, "job_id": job_id, "command": list(spec.command), "env": dict(spec.env),
             "image": spec.image, "timeout_seconds": timeout, "memory_mib": max(64, int(mem_gib * 1024)),
+            "vcpus": spec.request.vcpus,
             "expires_ms": int(expires_at.timestamp() * 1000)}
 
 
@@ -169,6 +168,9 @@ class Gateway:
         offline_after_s: float = OFFLINE_AFTER_SECONDS,
         replace_after_s: float = 300.0,
         batch: int = 1000,
+        inbox_max: int = 20_000,
+        registry: Any = None,
+        uplink_retention_s: float = 7 * 86400,
     ) -> None:
         self.store = store
         self.sink: TaskSink = sink or RecordingSink()
@@ -180,13 +182,19 @@ class Gateway:
         self.offline_after_s = offline_after_s
         self.replace_after_s = replace_after_s
         self.batch = batch
+        self._prom = _prom_counters(registry)
+        self.uplink_retention_s = uplink_retention_s
         self.rejections = protocol.RejectionCounter(on_reject=self._count_prom)
         self.accepted = 0
         self.duplicates = 0
-        self._inbox: queue.Queue[tuple[str, bytes]] = queue.Queue()
+        # Bounded: when the worker falls behind, paho's network thread waits here and Mosquitto holds the
+        # rest (QoS 1 flow control) instead of this process's memory growing without end.
+        self._inbox: queue.Queue[tuple[str, bytes, int]] = queue.Queue(maxsize=inbox_max)
         self._stop = threading.Event()
         self._connected = threading.Event()
-        self._down_seq = 0
+        # Downlink seqs: one counter per replica, started at the wall clock (so agents of older versions,
+        # which require rising seqs, accept a restarted gateway) and never read from the clock again.
+        self._down_seq = time.time_ns() // 1000
         self._seq_lock = threading.Lock()
         self._pubkeys: dict[str, ec.EllipticCurvePublicKey] = {}  # cert serial -> key
         self._worker: threading.Thread | None = None
@@ -199,15 +207,17 @@ class Gateway:
         c.reconnect_delay_set(1, 2)
         c.on_connect = self._on_connect
         c.on_disconnect = lambda *_a: self._connected.clear()
-        c.on_message = lambda _c, _u, m: self._inbox.put((m.topic, bytes(m.payload)))
+        c.on_message = lambda _c, _u, m: self._inbox.put((m.topic, bytes(m.payload), self._now_ms()))
         self._client = c
         self._host, self._port = host, port
+        self._tls = (ca_file, cert_file, key_file)
+        self._last_prune = 0.0
+        self._kicked: set[str] = set()
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def _count_prom(self, reason: str) -> None:
-        p = _prom_counters()
-        if p:
-            p[0].labels(reason=reason).inc()
+        if self._prom:
+            self._prom[0].labels(reason=reason).inc()
 
     def _on_connect(self, client: mqtt.Client, _u: Any, _f: Any, reason_code: Any, _p: Any) -> None:
         if getattr(reason_code, "is_failure", False):
@@ -242,7 +252,7 @@ class Gateway:
     # ---- downlink -------------------------------------------------------------------------------
     def _next_seq(self) -> int:
         with self._seq_lock:
-            self._down_seq = max(self._down_seq + 1, time.time_ns() // 1000)
+            self._down_seq += 1
             return self._down_seq
 
     def send(self, device_id: str, kind: str, body: Mapping[str, Any], *, expiry_s: float | None = None,
@@ -271,10 +281,20 @@ class Gateway:
                               body=json.dumps(body), expires_at=expires_at, dispatched_at=now, updated_at=now))
         self.send(device_id, "task", body, expiry_s=(expires_at - now).total_seconds(), id=task_id)
 
-    def _redispatch(self, s: Session, device_id: str, now: datetime) -> list[dict[str, Any]]:
+    def _redispatch(self, s: Session, device_id: str, now: datetime) -> list[tuple[str, dict[str, Any]]]:
+        """What a device that says hello is owed: its undelivered tasks again, and a ``cancel`` for each of
+        its tasks given up (lost, cancelled) within :data:`CANCEL_RESEND_SECONDS`, so a device returning
+        from a long absence does not run a task the broker already re-placed (cancels are idempotent)."""
+        since = now - timedelta(seconds=CANCEL_RESEND_SECONDS)
         rows = s.exec(select(EdgeTaskRow).where(EdgeTaskRow.device_id == device_id,
-                                                EdgeTaskRow.state == "dispatched")).all()
-        return [json.loads(r.body) for r in rows if utc(r.expires_at) > now]
+                                                col(EdgeTaskRow.state).in_(("dispatched", "lost", "cancelled")))).all()
+        out: list[tuple[str, dict[str, Any]]] = []
+        for r in rows:
+            if r.state == "dispatched" and utc(r.expires_at) > now:
+                out.append(("task", json.loads(r.body)))
+            elif r.state != "dispatched" and utc(r.updated_at) >= since:
+                out.append(("cancel", {"task_id": r.task_id}))
+        return out
 
     # ---- uplink ---------------------------------------------------------------------------------
     def _work(self) -> None:
@@ -293,7 +313,7 @@ class Gateway:
             self.process_isolated(batch)
             self._maybe_check()
 
-    def process_isolated(self, batch: list[tuple[str, bytes]]) -> int:
+    def process_isolated(self, batch: list[tuple[Any, ...]]) -> int:
         """:meth:`process`; when the batch fails as a whole, each message again on its own, so a message
         that breaks processing costs only its sender (counted as ``malformed``), never the other devices."""
         try:
@@ -326,14 +346,21 @@ class Gateway:
             self._pubkeys[dev.cert_serial] = key = pub
         return key
 
-    def process(self, batch: list[tuple[str, bytes]]) -> int:
-        """Check, store and acknowledge one batch of ``(topic, payload)`` uplinks; returns how many were stored.
+    def _now_ms(self) -> int:
+        return int(self.clock.now().timestamp() * 1000)
+
+    def process(self, batch: list[tuple[Any, ...]]) -> int:
+        """Check, store and acknowledge one batch of ``(topic, payload[, received ms])`` uplinks; returns how
+        many were stored. The time window is checked against when a message was received (a gateway that
+        fell behind must not refuse, as stale, messages that were on time: they would be re-sent forever).
 
         One transaction for the batch; side effects (acks, sink calls, re-dispatch) run after the commit."""
         now = self.clock.now()
         now_ms = int(now.timestamp() * 1000)
-        parsed: list[tuple[str, str, protocol.Envelope]] = []
-        for topic, payload in batch:
+        parsed: list[tuple[str, str, protocol.Envelope, int]] = []
+        for item in batch:
+            topic, payload = item[0], item[1]
+            received_ms = int(item[2]) if len(item) > 2 else now_ms
             try:
                 device, direction, kind = protocol.parse_topic(topic)
                 if direction != "up":
@@ -346,18 +373,18 @@ class Gateway:
             except protocol.Rejected as rej:
                 self._reject(rej.reason, topic, rej.detail)
                 continue
-            parsed.append((topic, device, env))
+            parsed.append((topic, device, env, received_ms))
         if not parsed:
             return 0
         acks: dict[str, list[str]] = {}
         expect: dict[str, int] = {}
         effects: list[tuple[str, str, int | None, dict[str, Any]]] = []
-        redispatch: dict[str, list[dict[str, Any]]] = {}
+        redispatch: dict[str, list[tuple[str, dict[str, Any]]]] = {}
         stored = 0
         kinds: dict[str, int] = {}
         with self.store.tx() as s:
             ids_by_dev: dict[str, list[str]] = {}
-            for _t, d, e in parsed:
+            for _t, d, e, _r in parsed:
                 ids_by_dev.setdefault(d, []).append(e.id)
             devs = {d.id: d for d in s.exec(select(EdgeDeviceRow).where(col(EdgeDeviceRow.id).in_(ids_by_dev)))}
             seen: set[tuple[str, str]] = set()
@@ -368,7 +395,7 @@ class Gateway:
                     seen.update((d, m) for m in s.exec(q).all())
             rows: list[dict[str, Any]] = []
             last_seq = {d: dev.last_seq for d, dev in devs.items()}  # ORM attribute writes are slow: once/batch
-            for topic, d, env in parsed:
+            for topic, d, env, received_ms in parsed:
                 dev = devs.get(d)
                 try:
                     if dev is None:
@@ -378,8 +405,9 @@ class Gateway:
                     if utc(dev.cert_not_after) <= now:
                         raise protocol.Rejected(protocol.REVOKED, f"device {d!r} certificate expired")
                     protocol.verify_signature(env, self._pubkey(dev))
-                    if abs(env.ts - now_ms) > self.window_ms:
-                        raise protocol.Rejected(protocol.STALE, f"ts is {abs(env.ts - now_ms) / 1000:.0f} s off")
+                    if abs(env.ts - received_ms) > self.window_ms:
+                        raise protocol.Rejected(protocol.STALE,
+                                                f"ts is {abs(env.ts - received_ms) / 1000:.0f} s off")
                     last = last_seq[d]
                     if (d, env.id) in seen:
                         # A re-send, or a re-run's re-emitted result under a new seq (kill -9 mid-task).
@@ -427,10 +455,9 @@ class Gateway:
                     dev.last_seq, dev.last_seen, dev.online = last_seq[d], now, True
                     s.add(dev)
         self.accepted += stored
-        p = _prom_counters()
-        if p:
+        if self._prom:
             for k, n in kinds.items():
-                p[1].labels(kind=k).inc(n)
+                self._prom[1].labels(kind=k).inc(n)
         for d in set(acks) | set(expect):
             ids = acks.get(d, [])
             for i in range(0, max(len(ids), 1), 1000):
@@ -438,9 +465,12 @@ class Gateway:
                 if d in expect and i == 0:
                     body["expect"] = expect[d]
                 self.send(d, "ack", body)
-        for d, bodies in redispatch.items():
-            for b in bodies:
-                self.send(d, "task", b, expiry_s=(b["expires_ms"] - now_ms) / 1000, id=str(b["task_id"]))
+        for d, owed in redispatch.items():
+            for kind, b in owed:
+                if kind == "task":
+                    self.send(d, "task", b, expiry_s=(b["expires_ms"] - now_ms) / 1000, id=str(b["task_id"]))
+                else:
+                    self.send(d, kind, b)
         for job_id, state, code, detail in effects:
             try:
                 self.sink.task_status(job_id, state, code, detail)
@@ -450,7 +480,7 @@ class Gateway:
 
     def _apply(self, s: Session, dev: EdgeDeviceRow, env: protocol.Envelope, now: datetime,
                effects: list[tuple[str, str, int | None, dict[str, Any]]],
-               redispatch: dict[str, list[dict[str, Any]]]) -> None:
+               redispatch: dict[str, list[tuple[str, dict[str, Any]]]]) -> None:
         """Apply one accepted uplink. Every field is checked before anything changes: a wrong type raises
         :class:`protocol.Rejected` (``malformed``) with the device row and the task untouched."""
         b = env.body
@@ -507,6 +537,9 @@ class Gateway:
                 if dev.last_seen is None or utc(dev.last_seen) < off:
                     dev.online = False
                     s.add(dev)
+            recently = now - timedelta(seconds=KICK_WITHIN_SECONDS)
+            kicks = [d for d in s.exec(select(EdgeDeviceRow.id).where(col(EdgeDeviceRow.revoked_at) >= recently))
+                     if d not in self._kicked]
             open_tasks = s.exec(select(EdgeTaskRow).where(col(EdgeTaskRow.state).in_(("dispatched", "running"))))
             for t in open_tasks.all():
                 owner = s.get(EdgeDeviceRow, t.device_id)
@@ -522,5 +555,47 @@ class Gateway:
                     cancels.append((t.device_id, t.task_id))
         for device_id, task_id in cancels:
             self.send(device_id, "cancel", {"task_id": task_id})
+        for device_id in kicks:
+            self._kicked.add(device_id)  # once per replica
+            self.kick(device_id)
         for e in effects:
             self.sink.task_status(*e)
+        self._prune(now)
+
+    def kick(self, device_id: str, timeout_s: float = 5.0) -> bool:
+        """End ``device_id``'s open MQTT connection: connect once with its client id (Mosquitto closes the
+        older connection of a client id, "session takeover") and leave. Mosquitto checks the CRL only at the
+        TLS handshake, so this is what makes a revocation (with the CRL reloaded) lock a connected device out.
+        Returns whether the takeover connection was made."""
+        done = threading.Event()
+        c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=device_id, clean_session=True,
+                        protocol=MQTTProtocolVersion.MQTTv311)
+        c.tls_set(ca_certs=self._tls[0], certfile=self._tls[1], keyfile=self._tls[2],
+                  tls_version=ssl.PROTOCOL_TLS_CLIENT)
+        c.on_connect = lambda *_a: done.set()
+        try:
+            c.connect(self._host, self._port, keepalive=10)
+            c.loop_start()
+            ok = done.wait(timeout_s)
+            c.disconnect()
+            c.loop_stop()
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("could not end the MQTT connection of revoked device %s: %s", device_id, exc)
+            return False
+        log.info("ended the MQTT connection of revoked device %s", device_id)
+        return ok
+
+    def _prune(self, now: datetime) -> int:
+        """Delete stored uplinks older than ``uplink_retention_s`` (at most once a minute), so the
+        received-message table stays bounded. A task's outcome is copied into its job's event when it
+        settles; dedupe of a re-sent id needs the row only while the device may still re-send it."""
+        if now.timestamp() - self._last_prune < 60 or self.uplink_retention_s <= 0:
+            return 0
+        self._last_prune = now.timestamp()
+        cutoff = now - timedelta(seconds=self.uplink_retention_s)
+        table = UplinkRow.__table__  # type: ignore[attr-defined]
+        with self.store.tx() as s:
+            n = getattr(s.execute(sa.delete(table).where(table.c.received_at < cutoff)), "rowcount", 0)
+        if n:
+            log.info("pruned %d uplinks received before %s", n, cutoff.isoformat())
+        return int(n or 0)

@@ -1145,6 +1145,8 @@ class Scheduler:
             else:
                 decided.append((job, result, options, why))
                 self._lb_took(job.id, options[0])  # load balancing: counts for the next jobs of this cycle
+                if self.edge is not None and options[0].provider == "edge":  # edge: its slots are taken
+                    self.edge.fleet.reserve(options[0].region, job.request.vcpus, job.request.memory_gib)
         by_id = {j.id: j for j in heads}
         placed: list[tuple[QueuedJob, list[PlacementOption]]] = []
         try:

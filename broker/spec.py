@@ -93,6 +93,7 @@ _META_KEYS = {"name", "namespace", "labels", "annotations"}
 _SPEC_KEYS = {
     "priorityClassName", "priority", "queue", "command", "args", "image", "env", "workingDir", "resources",
     "nodes", "durationHours", "deadline", "data", "placement", "retry", "checkpoint",
+    "activeDeadlineSeconds",  # the run's time limit (Kubernetes' name); edge tasks are killed at it
 }
 _RESOURCES_KEYS = {"requests", "limits", "accelerator", "arch"}
 _RESOURCE_NAMES = {"cpu", "memory", *_GPU_KEYS, "ephemeral-storage"}
@@ -553,6 +554,9 @@ def parse_job_spec(
     if duration <= 0:
         raise SpecError(f"{sp}.durationHours", "must be more than 0 hours")
     deadline = _deadline(spec["deadline"], f"{sp}.deadline", now) if spec.get("deadline") is not None else None
+    if spec.get("activeDeadlineSeconds") is not None:  # kept in the raw spec; checked here
+        _number(spec["activeDeadlineSeconds"], f"{sp}.activeDeadlineSeconds", lo=1, hi=MAX_DURATION_HOURS * 3600,
+                integer=True)
 
     data_raw = spec.get("data") or []
     if not isinstance(data_raw, list):

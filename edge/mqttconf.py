@@ -6,7 +6,8 @@ and write only ``hb/v1/dev/<its CN>/#`` while the gateway identity may use every
 (shared subscriptions included). Mosquitto 2.0's ACL file checks delivery (by the message's topic), not
 SUBSCRIBE: a device may subscribe to anything, ``$share/...`` included, and receives nothing outside its
 own subtree. The gateway's shared-subscription group is derived from its key
-(:func:`broker.gateway.share_group`), so no device can join it and take a share of the uplink. Persistence is on and queues are sized for devices that stay offline
+(:func:`broker.gateway.share_group`), so no device can join it and take a share of the uplink.
+Persistence is on and queues are sized for devices that stay offline
 for hours (messages beyond ``max_queued_messages``/``max_queued_bytes`` per client are dropped).
 
 Certificate files are copied into ``DIR/certs`` and referenced by absolute path (Mosquitto resolves

@@ -229,10 +229,16 @@ class Verifier:
     ``|ts - now| <= window``, then the duplicate id check (``duplicate``: a redelivery, harmless) and
     ``seq`` strictly above the last accepted one (``replay``). ``accept(env)`` records it. Seen ids are
     remembered up to ``max_ids`` per device.
+
+    ``ordered=False`` drops the seq check: for downlinks, which several gateway replicas send (their seqs
+    are not one sequence and may arrive out of turn) and which are all idempotent (a task id is applied
+    once, a cancel or an ack twice changes nothing), so the id check and the time window are enough.
     """
 
-    def __init__(self, *, window_seconds: float = WINDOW_SECONDS, max_ids: int = 10_000) -> None:
+    def __init__(self, *, window_seconds: float = WINDOW_SECONDS, max_ids: int = 10_000,
+                 ordered: bool = True) -> None:
         self.window_ms = int(window_seconds * 1000)
+        self.ordered = ordered
         self.max_ids = max_ids
         self.last_seq: dict[str, int] = {}
         self._seen: dict[str, OrderedDict[str, None]] = {}
@@ -248,7 +254,7 @@ class Verifier:
             raise Rejected(STALE, f"ts {env.ts} is {abs(env.ts - now) / 1000:.0f} s from now")
         if env.id in self._seen.get(device, ()):
             raise Rejected(DUPLICATE, f"id {env.id} already received")
-        if env.seq <= self.last_seq.get(device, -1):
+        if self.ordered and env.seq <= self.last_seq.get(device, -1):
             raise Rejected(REPLAY, f"seq {env.seq} <= last {self.last_seq.get(device)}")
 
     def accept(self, env: Envelope) -> None:

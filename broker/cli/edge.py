@@ -1,7 +1,10 @@
 """`broker` CLI commands of the edge fleet: ``ca init``, ``devices enroll-token|list|revoke``, ``mqtt config``.
 
-They work on the local data directory and store (``BROKER_DATA_DIR``, ``BROKER_DATABASE_URL``), so they
-need no running broker; with PostgreSQL they act on the shared store from anywhere.
+``ca init`` and ``devices ...`` go through the running broker's API (``BROKER_URL`` with the admin
+``BROKER_TOKEN``, see :mod:`broker.client`), so they act on the server's CA and store wherever it runs.
+``--local`` does the same on the local data directory and store instead (``BROKER_DATA_DIR``,
+``BROKER_DATABASE_URL``; e.g. to create a CA offline before the first start). ``mqtt config`` writes files
+from a CA directory on this machine (``--ca-dir``, default the local ``<data dir>/ca``).
 Errors print one line on stderr and exit non-zero (see :mod:`broker.cli`).
 """
 
@@ -38,14 +41,36 @@ def _store(settings: Any) -> Any:
     return store
 
 
+LocalOpt = Annotated[bool, typer.Option("--local", help="act on the local data dir and store, not the API")]
+
+
+def _api(method: str, path: str, **kwargs: Any) -> Any:
+    """One admin call to the running broker (``BROKER_URL``, ``BROKER_TOKEN``)."""
+    from broker.client import BrokerClient
+
+    with BrokerClient() as client:
+        return client._json(method, path, **kwargs)
+
+
 def ca_init(
-    directory: Annotated[Path | None, typer.Option("--dir", help="CA directory (default <data dir>/ca)")] = None,
+    directory: Annotated[Path | None, typer.Option("--dir", help="with --local: CA directory (default "
+                                                                "<data dir>/ca)")] = None,
     host: Annotated[list[str] | None, typer.Option("--host", help="extra SAN of the MQTT server cert")] = None,
     force: Annotated[bool, typer.Option("--force", help="replace an existing CA")] = False,
+    local: LocalOpt = False,
 ) -> None:
     """Create the broker CA (EC P-256, key 0600), the gateway and Mosquitto server certificates, and a CRL."""
     from edge import pki
 
+    if not local:
+        if directory is not None:
+            from broker.errors import SpecError
+
+            raise SpecError("--dir", "only with --local (the broker keeps its CA in its own data directory)")
+        out = _api("POST", "/v1/edge/ca", json={"hosts": list(host or ()), "force": force})
+        typer.echo(f"CA created on the broker in {out['directory']} (ca.pem, ca.key 0600, gateway.pem/.key, "
+                   "server.pem/.key, crl.pem)")
+        return
     d = _ca_dir(_settings(), directory)
     try:
         pki.CertificateAuthority.init(d, server_hosts=("localhost", "127.0.0.1", *(host or ())), force=force)
@@ -59,11 +84,15 @@ def ca_init(
 def enroll_token(
     namespace: Annotated[str, typer.Option("--namespace", "-n", help="namespace the device will belong to")],
     ttl: Annotated[float, typer.Option("--ttl", help="seconds the token stays valid", min=1)] = 3600,
+    local: LocalOpt = False,
 ) -> None:
     """Print a one-time enrollment token (only its hash is stored)."""
     from broker import devices
     from broker.clock import utcnow
 
+    if not local:
+        typer.echo(_api("POST", "/v1/edge/enroll-tokens", json={"namespace": namespace, "ttl_seconds": ttl})["token"])
+        return
     store = _store(_settings())
     with store.tx() as s:
         token = devices.create_enroll_token(s, namespace, now=utcnow(), ttl_seconds=ttl)
@@ -73,15 +102,19 @@ def enroll_token(
 def list_devices(
     json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
     namespace: Annotated[str | None, typer.Option("--namespace", "-n")] = None,
+    local: LocalOpt = False,
 ) -> None:
     """List enrolled devices: status, last seen, capacity, link quality, agent version."""
     from broker import devices
     from broker.clock import utcnow
 
-    store = _store(_settings())
-    now = utcnow()
-    with store.read() as s:
-        views = [devices.device_view(d, now) for d in devices.list_devices(s, namespace=namespace)]
+    if local:
+        store = _store(_settings())
+        now = utcnow()
+        with store.read() as s:
+            views = [devices.device_view(d, now) for d in devices.list_devices(s, namespace=namespace)]
+    else:
+        views = _api("GET", "/v1/devices", params={"namespace": namespace} if namespace else None)["devices"]
     if json_out:
         typer.echo(json.dumps({"devices": views}, indent=2))
         return
@@ -100,15 +133,24 @@ def list_devices(
 
 def revoke(
     device_id: Annotated[str, typer.Argument(help="device id")],
-    ca_dir: Annotated[Path | None, typer.Option("--ca-dir", help="CA directory (default <data dir>/ca)")] = None,
+    ca_dir: Annotated[Path | None, typer.Option("--ca-dir", help="with --local: CA directory (default "
+                                                                 "<data dir>/ca)")] = None,
+    local: LocalOpt = False,
 ) -> None:
     """Revoke a device: its certificates go on the CRL and the gateway drops its messages.
 
-    Send Mosquitto a SIGHUP (or restart it) so that it re-reads the CRL."""
+    Put the new CRL (``GET /v1/edge/crl``) into Mosquitto's certs/crl.pem and SIGHUP it."""
     from broker import devices
     from broker.clock import utcnow
     from edge import pki
 
+    if not local:
+        from urllib.parse import quote
+
+        _api("POST", f"/v1/devices/{quote(device_id, safe='')}:revoke")
+        typer.echo(f"revoked {device_id}; the broker's CRL is rewritten: fetch GET /v1/edge/crl into Mosquitto's "
+                   "certs/crl.pem and SIGHUP it")
+        return
     settings = _settings()
     d = _ca_dir(settings, ca_dir)
     ca = pki.CertificateAuthority.load(d) if (d / "ca.key").exists() else None

@@ -14,8 +14,8 @@ is counted twice; streamed: a batch goes out at 500 lines or when output pauses 
 
 Isolation: the task runs as ``user`` (the agent's ``task_user``, created by ``edge-agent install``) when the
 agent is root, with a clean environment (``PATH``, ``HOME``/``TMPDIR`` = its working directory, ``LANG``,
-the spec's ``env``, ``HB_TASK_ID``, ``HB_JOB_ID``, ``HB_TASK_RUN``) and its working directory under ``workdir_root``, which
-lies outside the agent's state directory (``device.key`` stays unreadable). The memory limit is
+the spec's ``env``, ``HB_TASK_ID``, ``HB_JOB_ID``, ``HB_TASK_RUN``) and its working directory under
+``workdir_root``, which lies outside the agent's state directory (``device.key`` stays unreadable). The memory limit is
 ``RLIMIT_AS``. A time limit or a cancel kills every process of the task: its process group, its
 descendants, and any process carrying its ``HB_TASK_RUN`` (which a ``setsid`` or double-forked child keeps).
 A result line longer than :data:`MAX_RESULT_BYTES` fails the task with a clear error (the device's uplink

@@ -9,7 +9,8 @@ Contracts:
   nothing is lost across disconnects, Mosquitto restarts or a SIGKILL of the agent, and the order is the
   outbox order.
 * At most ``window`` messages await acknowledgement at once (end-to-end flow control).
-* Downlinks are verified (gateway signature, device, time window, seq, duplicates) before use.
+* Downlinks are verified (gateway signature, device, time window, duplicate ids) before use; not their
+  seq order, since gateway replicas send them (every downlink is idempotent).
 * A task id is applied once: a re-dispatch of a finished task is refused and its outcome re-reported.
   Tasks found ``running`` at start (the device rebooted) are restarted at once, offline or not.
 """
@@ -55,10 +56,7 @@ class Agent:
         if not isinstance(gw_pub, ec.EllipticCurvePublicKey):
             raise pki.PkiError("gateway certificate is not EC. To fix: re-enroll the device")
         self.gateway_key = gw_pub
-        self.verifier = protocol.Verifier()
-        last = self.store.get_meta("down_seq")
-        if last is not None:
-            self.verifier.last_seq[self.device_id] = int(last)
+        self.verifier = protocol.Verifier(ordered=False)  # downlinks come from several gateway replicas
         self.rejections = protocol.RejectionCounter()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -170,7 +168,6 @@ class Agent:
                 self._acks.append(env.body)
             self._wake.set()
             return
-        self.store.set_meta("down_seq", str(env.seq))
         if kind == "task":
             self._on_task(env.body)
         elif kind == "cancel":

@@ -16,6 +16,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from broker import devices
 from edge import pki
 from edge.agent.config import AgentConfig
 from edge.agent.enroll import EnrollError, enroll, renew
@@ -111,16 +112,16 @@ def test_broker_edge_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.delenv("BROKER_DATABASE_URL", raising=False)
     monkeypatch.delenv("BROKER_CA_KEY_FILE", raising=False)
     env = capsys
-    r = _broker(["ca", "init"], env)
+    r = _broker(["ca", "init", "--local"], env)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "data/ca/ca.key").stat().st_mode & 0o777 == 0o600
-    again = _broker(["ca", "init"], env)
+    again = _broker(["ca", "init", "--local"], env)
     assert again.returncode != 0 and again.stderr.count("\n") == 1 and "--force" in again.stderr
-    tok = _broker(["devices", "enroll-token", "--namespace", "team-a"], env)
+    tok = _broker(["devices", "enroll-token", "--namespace", "team-a", "--local"], env)
     assert tok.returncode == 0 and tok.stdout.strip().startswith("hbe_")
-    listed = _broker(["devices", "list", "--json"], env)
+    listed = _broker(["devices", "list", "--json", "--local"], env)
     assert json.loads(listed.stdout) == {"devices": []}
-    bad = _broker(["devices", "revoke", "ghost"], env)
+    bad = _broker(["devices", "revoke", "ghost", "--local"], env)
     assert bad.returncode != 0 and "not found" in bad.stderr and "Traceback" not in bad.stderr
     out = tmp_path / "mq"
     r = _broker(["mqtt", "config", "--out", str(out), "--port", "18883"], env)
@@ -129,6 +130,38 @@ def test_broker_edge_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     for line in ("require_certificate true", "use_identity_as_username true", "persistence true",
                  f"crlfile {out.resolve() / 'certs/crl.pem'}", "listener 18883 0.0.0.0", "allow_anonymous false"):
         assert line in conf
+
+
+def test_broker_edge_commands_go_through_the_api_of_a_running_broker(
+        tmp_path: Path, edge_api: Any, store: Any, fresh_ca: Any, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("BROKER_DATA_DIR", str(tmp_path / "local-data"))  # must stay untouched
+    monkeypatch.setenv("BROKER_URL", edge_api.url)
+    monkeypatch.setenv("BROKER_TOKEN", "admin-token")
+    exists = _broker(["ca", "init"], capsys)
+    assert exists.returncode == 1 and exists.stderr.count("\n") == 1 and "(HTTP 409)" in exists.stderr
+    r = _broker(["ca", "init", "--force", "--host", "mqtt.example"], capsys)
+    assert r.returncode == 0 and str(fresh_ca.directory) in r.stdout, r.stderr
+    server = x509.load_pem_x509_certificate((fresh_ca.directory / "server.pem").read_bytes())
+    assert "mqtt.example" in server.extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    tok = _broker(["devices", "enroll-token", "--namespace", "team-a", "--ttl", "60"], capsys)
+    assert tok.returncode == 0 and tok.stdout.strip().startswith("hbe_")
+    cfg = enroll(edge_api.url, tok.stdout.strip(), tmp_path / "dev", device_id="remote-dev")  # the server's token
+    listed = _broker(["devices", "list", "--json", "-n", "team-a"], capsys)
+    assert [d["id"] for d in json.loads(listed.stdout)["devices"]] == [cfg.device_id]
+    r = _broker(["devices", "revoke", "remote-dev"], capsys)
+    assert r.returncode == 0 and "revoked remote-dev" in r.stdout
+    with store.read() as s:
+        assert devices.get_device(s, "remote-dev").revoked_at is not None
+    assert not (tmp_path / "local-data").exists()
+    monkeypatch.setenv("BROKER_TOKEN", "not-the-admin")
+    denied = _broker(["devices", "enroll-token", "--namespace", "team-a"], capsys)
+    assert denied.returncode == 1 and denied.stderr.count("\n") == 1 and "403" in denied.stderr
+    assert _broker(["ca", "init", "--dir", "x"], capsys).returncode == 2
+    monkeypatch.setenv("BROKER_URL", "http://127.0.0.1:1")
+    down = _broker(["devices", "list"], capsys)
+    assert down.returncode == 1 and "cannot reach the broker" in down.stderr and "Traceback" not in down.stderr
 
 
 def _agent(args: list[str], state: Path) -> subprocess.CompletedProcess[str]:

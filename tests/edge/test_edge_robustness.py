@@ -81,6 +81,71 @@ def test_a_duplicate_beyond_a_gap_is_not_acknowledged_so_the_device_can_fill_the
         assert devices.get_device(s, "gapdup-dev").last_seq == 2
 
 
+def test_a_device_returning_after_its_task_was_given_up_is_told_to_cancel_it_again(rig: Any) -> None:
+    gw, clock, store, ca, sent = rig
+    dev = Dev(store, ca, clock, "away-dev")
+    gw.process([dev.msg("hello", {})])
+    gw.dispatch("away-dev", "job-away", spec(), clock.now() + timedelta(hours=1))
+    clock.advance(gw.replace_after_s + 1)
+    gw.check_devices()
+    assert [c[1] for c in gw.sink.calls] == ["LOST"]
+    cancels = [b["task_id"] for d, k, b in sent if k == "cancel"]
+    assert cancels == ["job-away.1"]  # sent while the device was away: it may never get it
+    before = len(sent)
+    gw.process([dev.msg("hello", {})])
+    assert [b["task_id"] for d, k, b in sent if k == "cancel"] == ["job-away.1", "job-away.1"]
+    assert not [b for d, k, b in sent[before:] if k == "task"]  # and the lost task is not re-dispatched
+
+
+def test_old_uplinks_are_pruned(rig: Any) -> None:
+    gw, clock, store, ca, sent = rig
+    dev = Dev(store, ca, clock, "prune-dev")
+    gw.uplink_retention_s = 3600.0  # (the default is a week; the device certificate lives 72 h)
+    gw.process([dev.msg("telemetry", {"x": 1})])
+    gw.check_devices()
+    with store.read() as s:
+        assert len(devices.uplink_bodies(s, "prune-dev")) == 1
+    clock.advance(gw.uplink_retention_s + 120)
+    gw.process([dev.msg("telemetry", {"x": 2})])
+    gw.check_devices()
+    with store.read() as s:
+        assert [b["x"] for _q, b in devices.uplink_bodies(s, "prune-dev")] == [2]
+
+
+def test_downlinks_from_several_replicas_are_accepted_out_of_turn_but_never_twice() -> None:
+    from edge import pki
+
+    key = pki.generate_key()
+    v = protocol.Verifier(ordered=False)
+    pub = key.public_key()
+
+    def down(seq: int, id: str) -> protocol.Envelope:
+        return protocol.open_envelope(protocol.seal("ack", {"ids": []}, device="d1", seq=seq, key=key, id=id))
+
+    for env in (down(10**15 + 50, "a"), down(10**15, "b")):  # replica B's clock is 50 us behind A's
+        v.check(env, device="d1", public_key=pub)
+        v.accept(env)
+    with pytest.raises(protocol.Rejected) as rej:
+        v.check(down(10**15 + 99, "a"), device="d1", public_key=pub)
+    assert rej.value.reason == protocol.DUPLICATE
+    ordered = protocol.Verifier()  # uplinks stay ordered: a lower seq there is a replay
+    ordered.accept(down(5, "x"))
+    with pytest.raises(protocol.Rejected, match="replay"):
+        ordered.check(down(4, "y"), device="d1", public_key=pub)
+
+
+def test_a_gateway_that_fell_behind_judges_staleness_by_when_a_message_arrived(rig: Any) -> None:
+    gw, clock, store, ca, sent = rig
+    dev = Dev(store, ca, clock, "late-dev")
+    topic, payload = dev.msg("telemetry", {"x": 1})
+    arrived_ms = int(clock.now().timestamp() * 1000)
+    clock.advance(gw.window_ms / 1000 + 60)  # processed long after it arrived (a backlog in the inbox)
+    assert gw.process([(topic, payload, arrived_ms)]) == 1
+    old = protocol.seal("telemetry", {"x": 2}, device=dev.id, seq=dev.seq, key=dev.key, ts=arrived_ms)
+    assert gw.process([(topic, old)]) == 0  # but one that is old when it arrives is stale
+    assert gw.rejections.counts == {protocol.STALE: 1}
+
+
 def _deep(n: int) -> dict[str, Any]:
     body: dict[str, Any] = {}
     for _ in range(n):
@@ -315,4 +380,101 @@ def test_a_task_on_a_real_agent_cannot_read_device_key(tmp_path: Path, store: An
         assert "Permission denied" in final["stderr_tail"]
     finally:
         agent.stop()
+        gw.stop()
+
+
+@pytest.mark.network
+def test_revocation_ends_the_devices_open_connection_and_it_cannot_come_back(tmp_path: Path) -> None:
+    if MOSQUITTO is None:
+        pytest.skip("mosquitto is not installed (apt-get install -y mosquitto)")
+    from broker.clock import utcnow
+
+    fleet = Fleet(tmp_path)
+    fleet.mosq.start()
+    gw = make_gateway(fleet.store, fleet.mosq, fleet.ca)
+    dev = fleet.device("doomed-dev")
+    dropped = threading.Event()
+    dev.client.on_disconnect = lambda *_a: dropped.set()
+    try:
+        assert dev.connect()
+        assert not dev.publish(dev.seal({"hi": 1})).is_failure
+        wait_until(lambda: fleet.stored("doomed-dev") == 1, 10, "the device to be online")
+        with fleet.store.tx() as s:
+            devices.revoke_device(s, fleet.ca, "doomed-dev", now=utcnow())
+        fleet.mosq.reload_crl()  # the operator's step; Mosquitto checks the CRL only at the handshake
+        assert dev.client.is_connected() and not dropped.is_set()
+        gw.check_devices()
+        assert dropped.wait(10), "the revoked device's connection stayed open"
+        dev.client.loop_stop()
+        again = fleet.device("other-dev")  # the fleet still works
+        assert again.connect()
+        again.close()
+        retry = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="doomed-dev", protocol=MQTTProtocolVersion.MQTTv5)
+        retry.tls_set(ca_certs=str(fleet.ca.directory / "ca.pem"), certfile=str(tmp_path / "doomed-dev.pem"),
+                      keyfile=str(tmp_path / "doomed-dev.key"), tls_version=ssl.PROTOCOL_TLS_CLIENT)
+        back = threading.Event()
+        retry.on_connect = lambda _c, _u, _f, rc, _p: rc.is_failure or back.set()
+        try:
+            retry.connect("127.0.0.1", fleet.mosq.port)
+            retry.loop_start()
+            assert not back.wait(3), "the revoked device got back in"
+        except (ssl.SSLError, OSError):
+            pass  # refused at the handshake (TLS 1.2)
+        finally:
+            retry.loop_stop()
+    finally:
+        dev.client.disconnect()
+        gw.stop()
+        fleet.mosq.stop()
+        fleet.store.dispose()
+
+
+SOAK_TASK = "import time\nfor i in range(40):\n    print('@hb-result %d' % i, flush=True)\n    time.sleep(0.02)\n"
+
+
+@pytest.mark.network
+def test_a_small_soak_with_mosquitto_and_agents_killed_loses_and_duplicates_nothing(
+        tmp_path: Path, store: Any, mosquitto: Any, edge_api: Any, fresh_ca: Any) -> None:
+    """The bounded version of ``bench/edge.py --soak``: 3 agents, each with 200 queued results and a live
+    task, Mosquitto SIGKILLed and restarted and one agent SIGKILLed mid-task and restarted."""
+    from broker.clock import utcnow
+    from edge.agent.store import Store as AgentStore
+    from tests.edge.conftest import AgentProcess, enroll_agent
+    from tests.edge.test_edge_e2e import make_spec
+
+    gw = make_gateway(store, mosquitto, fresh_ca)
+    ids = [f"soak-{i}" for i in range(3)]
+    agents = {d: AgentProcess(tmp_path / d) for d in ids}
+    try:
+        for i, d in enumerate(ids):
+            enroll_agent(tmp_path / d, edge_api, store, mosquitto, d, window=100)
+            st = AgentStore(tmp_path / d / "agent.db")
+            st.put_many([("result", {"task_id": f"q{i}", "n": n}, f"q{i}/r{n}", False) for n in range(200)])
+            st.close()
+            agents[d].start()
+            gw.dispatch(d, f"job-s{i}", make_spec([sys.executable, "-c", SOAK_TASK]), utcnow() + timedelta(minutes=5))
+        assert mosquitto.proc is not None
+        wait_until(lambda: gw.accepted > 200, 30, "the drain to start")
+        mosquitto.proc.kill()
+        mosquitto.proc.wait()
+        agents[ids[1]].kill9()
+        mosquitto.start()
+        agents[ids[1]].start()
+        for i in range(3):
+            assert gw.sink.wait_for(f"job-s{i}", "SUCCEEDED", 60), (gw.sink.calls, gw.rejections.counts)
+
+        def results_of(d: str, task: str) -> list[int]:
+            with store.read() as s:
+                return [b["n"] for _q, b in devices.uplink_bodies(s, d, "result")
+                        if b.get("task_id") == task and not b.get("final")]
+
+        for i, d in enumerate(ids):
+            wait_until(lambda d=d, i=i: len(results_of(d, f"q{i}")) == 200, 60, f"{d}'s queued results")
+            assert results_of(d, f"q{i}") == list(range(200))  # once each, in order
+            assert results_of(d, f"job-s{i}.1") == list(range(40))
+        finals = [c for c in gw.sink.calls if c[1] == "SUCCEEDED"]
+        assert sorted(c[0] for c in finals) == ["job-s0", "job-s1", "job-s2"]  # each reported once
+    finally:
+        for a in agents.values():
+            a.stop()
         gw.stop()

@@ -30,7 +30,7 @@ from broker.lifecycle import submit_jobs
 from broker.model import JobState
 from broker.spec import parse_job_spec
 from broker.store import JobEventRow, JobRow
-from edge import pki
+from edge import pki, protocol
 from providers.fake import FakeProvider
 from tests.broker.service_support import ADMIN_H, catalog, make_settings, serve_in_thread
 from tests.edge.conftest import MOSQUITTO, AgentProcess, Mosquitto, free_port, wait_port, wait_until
@@ -336,6 +336,46 @@ def test_a_failed_task_follows_the_jobs_retry_policy(svc: Service, backoff_limit
     assert "exit code 3" in (row.message or "")
 
 
+def test_busy_devices_take_no_more_than_their_cpus_and_the_rest_wait(svc: Service) -> None:
+    for d in (Dev("dev-2a", vcpus=2), Dev("dev-2b", vcpus=2)):
+        add_device(svc.store, d, svc.now)
+    ids = svc.submit(*[job_doc(f"two-cpu-{i}", providers=["edge"], cpu="2", memory="1Gi") for i in range(6)])
+    svc.hb.scheduler.run_cycle()
+    states = [svc.job(j).state for j in ids]
+    assert states.count(JobState.RUNNING.value) == 2, [(svc.job(j).state, svc.job(j).message) for j in ids]
+    assert JobState.FAILED.value not in states  # the others wait for a device, they do not fail
+    assert sorted(svc.task(j).device_id for j in ids if svc.job(j).state == JobState.RUNNING.value) == [
+        "dev-2a", "dev-2b"]
+    done = next(j for j in ids if svc.job(j).state == JobState.RUNNING.value)
+    svc.clock.advance(5)
+    touch_device(svc.store, "dev-2a", svc.now)
+    touch_device(svc.store, "dev-2b", svc.now)
+    svc.device_reports(svc.task(done).task_id, "succeeded", 0)
+    svc.hb.scheduler.run_cycle()
+    svc.hb.scheduler.run_cycle()
+    states = [svc.job(j).state for j in ids]
+    assert states.count(JobState.RUNNING.value) == 2 and states.count(JobState.SUCCEEDED.value) == 1
+
+
+def test_active_deadline_seconds_is_the_tasks_time_limit_and_bad_values_are_refused(svc: Service) -> None:
+    doc = job_doc("deadline-job", providers=["edge"])
+    doc["spec"]["activeDeadlineSeconds"] = 45
+    add_device(svc.store, Dev("dev-ad"), svc.now)
+    (job_id,) = svc.submit(doc)
+    svc.hb.scheduler.run_cycle()
+    assert json.loads(svc.task(job_id).body)["timeout_seconds"] == 45
+    doc["spec"]["activeDeadlineSeconds"] = -1
+    with pytest.raises(SpecError, match="activeDeadlineSeconds"):
+        parse_job_spec(doc, now=svc.now)
+
+
+def test_edge_rejections_are_on_the_apps_metrics(svc: Service) -> None:
+    gw = svc.edge.gateway
+    gw.process([(protocol.up_topic("ghost-dev", "telemetry"), b"{not json")])
+    text = svc.hb.metrics.render().decode()
+    assert 'hb_edge_rejected_total{reason="malformed"} 1.0' in text
+
+
 def test_a_running_report_is_a_note_not_a_state_change(svc: Service) -> None:
     job_id, task = _running_on_edge(svc, Dev("dev-a"))
     svc.edge.runner.task_status(task.job_id, "RUNNING", None, {"task_id": task.task_id})
@@ -477,7 +517,7 @@ def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
     data = tmp_path / "data"
     monkeypatch.setenv("BROKER_DATA_DIR", str(data))
     port = free_port()
-    _cli("ca", "init")
+    _cli("ca", "init", "--local")  # before the broker first starts (it needs the gateway certificate)
     user = ["--user", "root"] if os.geteuid() == 0 else []
     _cli("mqtt", "config", "--out", str(tmp_path / "mqtt"), "--port", str(port), "--bind", "127.0.0.1", *user)
     mq = CliMosquitto(tmp_path / "mqtt", tmp_path / "mqtt" / "mosquitto.conf", port, data / "ca")
