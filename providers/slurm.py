@@ -535,12 +535,19 @@ class SlurmPool:
         for sid, row in rows.items():
             if f"slurm-{sid}" in known or TAG_REQUEST not in row["tags"]:
                 continue
-            orphan = {"request_id": row["tags"][TAG_REQUEST], "partition": row["partition"],
-                      "tags": {k: v for k, v in row["tags"].items() if k != TAG_NODE},
-                      "launched_at": datetime.now(UTC).isoformat(), "terminated": []}
-            if matches_tags(orphan["tags"], tags):
-                out.append(self._to_instance(orphan, {"slurm_id": sid, "node": int(row["tags"].get(TAG_NODE, 0)),
-                                                      "run_dir": str(self.runs_dir / "-")}, row))
+            # Submitted by another broker process (a leader that died, another replica): adopted into this
+            # pool's records, so its logs and exit code are found here too (the log dir is shared).
+            request_id, node = row["tags"][TAG_REQUEST], int(row["tags"].get(TAG_NODE, 0))
+            with self._lock:
+                rec = self._records.get(request_id) or {
+                    "request_id": request_id, "partition": row["partition"], "runs": [], "terminated": [],
+                    "tags": {k: v for k, v in row["tags"].items() if k != TAG_NODE},
+                    "launched_at": datetime.now(UTC).isoformat()}
+                run = {"node": node, "slurm_id": sid, "run_dir": str(self._run_dir(request_id, node))}
+                rec["runs"].append(run)
+                self._save(rec)
+            if matches_tags(rec["tags"], tags):
+                out.append(self._to_instance(rec, run, row))
         return sorted(out, key=lambda i: i.id)
 
     def logs(self, instance_id: str) -> tuple[Path, Path]:
