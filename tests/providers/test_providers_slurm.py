@@ -219,6 +219,13 @@ def test_the_broker_runs_a_job_on_slurm_end_to_end(slurm: Cluster, tmp_path: Pat
         assert (bad.state, bad.exit_code) == (JobState.FAILED.value, 7)
         (inst,) = json.loads(ok.instances_json or "[]")
         assert pool.logs(inst["id"])[0].read_text() == "fine\n"
+        from broker.api import job_detail
+
+        with hb.store.read() as session:
+            events = job_detail(session, ok)["events"]
+        placed = next(e for e in events if e["to"] == "PLACED")
+        assert placed["reason"] in ("on-prem pool slurm:main", "on-prem pool slurm:big")
+        assert placed["data"]["provider"] == "slurm"
         # The offers the API lists include the Slurm partitions as on-prem offers.
         offers, _ = hb.offers_matching("slurm", None, 0, 0, 0, 10)
         assert sorted(o.instance_type.name for o in offers) == ["big", "main"]
