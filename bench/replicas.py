@@ -55,7 +55,7 @@ def main() -> None:
         row = {
             "replicas": count, "jobs": res.jobs, "accepted_jobs_per_s": round(res.accepted_per_second, 1),
             "launched_jobs_per_s": round(res.launched_per_second, 1), "total_s": round(res.total_seconds, 1),
-            "killed": res.killed,
+            "killed": res.killed, "in_flight_at_kill": res.in_flight_at_kill,
             "takeover_s": None if res.takeover_seconds is None else round(res.takeover_seconds, 2),
             "states": dict(res.states), "adopted": res.adopted, "exactly_once": once, "doubles": res.doubles[:20],
             "submitted_by": res.submitted_by,
@@ -65,7 +65,8 @@ def main() -> None:
         else:
             print(f"replicas={count} jobs={res.jobs}: accepted {row['accepted_jobs_per_s']} jobs/s, launched "
                   f"{row['launched_jobs_per_s']} jobs/s, all ended in {row['total_s']} s; leader killed: "
-                  f"{res.killed or '-'} (takeover {row['takeover_s']} s); states {row['states']}; adopted "
+                  f"{res.killed or '-'} ({res.in_flight_at_kill} batch jobs in flight; takeover {row['takeover_s']} s); "
+                  f"states {row['states']}; adopted "
                   f"{res.adopted}; exactly once: {once}{'' if once else ' doubles ' + str(res.doubles[:20])}",
                   flush=True)
 

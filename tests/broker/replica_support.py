@@ -164,6 +164,7 @@ class RunResult:
     launch_seconds: float  # first submit -> every job launched (RUNNING or ended)
     total_seconds: float  # first submit -> every job ended
     killed: str | None = None
+    in_flight_at_kill: int = 0  # batch jobs in Slurm that the store did not record as launched yet
     takeover_seconds: float | None = None
     new_leader: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -193,10 +194,22 @@ def _counts(engine: Any) -> Counter[str]:
         return Counter({s: int(n) for s, n in conn.execute(sa.text("SELECT state, count(*) FROM jobs GROUP BY state"))})
 
 
+def _launched(engine: Any) -> int:
+    counts = _counts(engine)
+    return counts["RUNNING"] + counts["SUCCEEDED"] + counts["FAILED"]
+
+
+def _slurm_job_count(slurm_env: dict[str, str]) -> int:
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%j"], env=slurm_env, capture_output=True, text=True,
+                         timeout=60).stdout
+    return sum(1 for n in out.split() if n.startswith("hb-"))
+
+
 def run(replicas: list[Replica], database_url: str, slurm_env: dict[str, str], *, jobs: int,
         kill_leader_at: float | None = None, batch: int = 250, timeout: float = 600.0) -> RunResult:
     """Submit ``jobs`` jobs (``true`` on 1 vCPU, Slurm partition ``main``) spread evenly over ``replicas``,
-    SIGKILL the leader once ``kill_leader_at`` of them were launched, wait until all ended; see the module."""
+    SIGKILL the leader once Slurm holds ``kill_leader_at`` of them *and* more than the store records as
+    launched (so the kill lands mid-dispatch), wait until all ended; see the module docstring."""
     import sqlalchemy as sa
 
     engine = sa.create_engine(database_url, pool_pre_ping=True)
@@ -212,10 +225,12 @@ def run(replicas: list[Replica], database_url: str, slurm_env: dict[str, str], *
     for t in threads:
         t.start()
     killed: Replica | None = None
+    in_flight = 0
     t_kill = takeover = None
     new_leader = None
     launch_done: float | None = None
     submit_done: float | None = None
+    last_look = 0.0
     deadline = t0 + timeout
     while True:
         now = time.monotonic()
@@ -223,10 +238,15 @@ def run(replicas: list[Replica], database_url: str, slurm_env: dict[str, str], *
             raise TimeoutError(f"jobs not done after {timeout:g} s: {_counts(engine)}")
         counts = _counts(engine)
         launched = counts["RUNNING"] + counts["SUCCEEDED"] + counts["FAILED"]
-        if killed is None and kill_leader_at is not None and launched >= kill_leader_at * jobs:
+        if killed is None and kill_leader_at is not None and now - last_look >= 0.3:
+            # Kill in the middle of a dispatch: Slurm already holds more of our batch jobs than the store
+            # records as launched (the leader submitted them and has not committed them yet).
+            last_look = now
+            in_slurm = _slurm_job_count(slurm_env)
             leaders = [r for r in replicas if r.alive() and r.leader_lines()]
-            if leaders:
+            if leaders and in_slurm >= kill_leader_at * jobs and in_slurm > _launched(engine):
                 killed = leaders[0]
+                in_flight = in_slurm - _launched(engine)
                 before = {r.name: r.leader_lines() for r in replicas}
                 assert killed.proc is not None
                 killed.proc.send_signal(signal.SIGKILL)
@@ -272,7 +292,8 @@ def run(replicas: list[Replica], database_url: str, slurm_env: dict[str, str], *
         slurm_jobs_per_job=Counter(per_job[i] for i in ids), doubles=doubles,
         submitted_by={k: len(v) for k, v in accepted.items()},
         submit_seconds=submit_seconds, launch_seconds=(launch_done or time.monotonic()) - t0, total_seconds=total,
-        killed=killed.name if killed else None, takeover_seconds=takeover, new_leader=new_leader,
+        killed=killed.name if killed else None, in_flight_at_kill=in_flight, takeover_seconds=takeover,
+        new_leader=new_leader,
         notes=result_notes,
     )
 

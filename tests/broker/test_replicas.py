@@ -98,11 +98,14 @@ def test_jobs_spread_over_three_replicas_are_launched_exactly_once_across_a_lead
     summary = (f"states={dict(result.states)} running={dict(result.running_transitions)} "
                f"attempts={dict(result.launched_attempts)} adopted={result.adopted} "
                f"slurm={dict(result.slurm_jobs_per_job)} doubles={result.doubles[:10]} "
-               f"killed={result.killed} takeover={result.takeover_seconds} notes={result.notes}")
+               f"killed={result.killed} in_flight={result.in_flight_at_kill} takeover={result.takeover_seconds} "
+               f"notes={result.notes}")
     # Spread: every replica accepted its share of the jobs.
     assert sorted(result.submitted_by.values()) == sorted(len(range(i, JOBS, 3)) for i in range(3)), summary
-    # The leader was killed mid-run and another replica took over within seconds.
+    # The leader was killed mid-dispatch (Slurm held batch jobs it had not recorded yet) and another replica
+    # took over within seconds.
     assert result.killed is not None and result.new_leader not in (None, result.killed), summary
+    assert result.in_flight_at_kill > 0, summary
     assert result.takeover_seconds is not None and result.takeover_seconds < 10.0, summary
     # Every job ran and succeeded...
     assert result.states == {"SUCCEEDED": JOBS}, summary
