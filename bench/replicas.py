@@ -65,7 +65,8 @@ def main() -> None:
         else:
             print(f"replicas={count} jobs={res.jobs}: accepted {row['accepted_jobs_per_s']} jobs/s, launched "
                   f"{row['launched_jobs_per_s']} jobs/s, all ended in {row['total_s']} s; leader killed: "
-                  f"{res.killed or '-'} ({res.in_flight_at_kill} batch jobs in flight; takeover {row['takeover_s']} s); "
+                  f"{res.killed or '-'} ({res.in_flight_at_kill} batch jobs in flight; "
+                  f"takeover {row['takeover_s']} s); "
                   f"states {row['states']}; adopted "
                   f"{res.adopted}; exactly once: {once}{'' if once else ' doubles ' + str(res.doubles[:20])}",
                   flush=True)
