@@ -3,7 +3,7 @@
 What docs/ARCHITECTURE.md ("Scale-out") claims, shown with processes: jobs submitted through every replica
 are placed and launched exactly once although the scheduler leader is SIGKILLed mid-run, another replica
 takes the leadership over within seconds, and a token revoked through one replica is refused by the others
-within the token cache's TTL. The suite runs a bounded burst (``HB_REPLICA_JOBS``, default 200 jobs);
+within the token cache's TTL. The suite runs a bounded burst (``HB_REPLICA_JOBS``, default 150 jobs);
 ``bench/replicas.py`` runs 10,000 and measures jobs/s with 1 and 3 replicas (docs/BENCHMARKS.md).
 
 Skipped, with the reason, when PostgreSQL is unreachable (a failure when ``CI`` is set) or Slurm is not
@@ -25,7 +25,7 @@ from tests.providers.slurm_support import Cluster, missing_tools, slurm_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
 
-JOBS = int(os.environ.get("HB_REPLICA_JOBS", "200"))
+JOBS = int(os.environ.get("HB_REPLICA_JOBS", "150"))
 
 
 @pytest.fixture(scope="module")
