@@ -716,6 +716,8 @@ class Scheduler:
             if cloud:
                 options = cloud
                 why = "on-prem full: burst to cloud" if onprem else "cheapest cloud placement"
+                if cloud[0].site == "onprem":  # a Slurm/Ray pool: on-prem too, and its engine queues the job
+                    why = f"on-prem pool {cloud[0].provider}:{cloud[0].instance_type}"
                 why += "".join(f"; {n}" for n in (lb_cloud, gang_note) if n)
         if options is None and gang_note and not onprem:
             return result, [], gang_note

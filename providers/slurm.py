@@ -192,6 +192,7 @@ class SlurmPool:
         self._records: dict[str, dict[str, Any]] = {}  # request id -> record
         self._by_instance: dict[str, tuple[str, int]] = {}  # instance id -> (request id, node)
         self._accounting: bool | None = None
+        self._final: dict[str, Instance] = {}  # slurm id -> its instance, once it ended
         self._load_records()
 
     # -- running the clients --------------------------------------------------------------------------
@@ -483,6 +484,9 @@ class SlurmPool:
     def _to_instance(self, rec: dict[str, Any], run: dict[str, Any], row: dict[str, Any] | None,
                      acct: tuple[str, int | None] | None = None) -> Instance:
         sid = run["slurm_id"]
+        final = self._final.get(sid)
+        if final is not None:  # an ended job does not change any more: no file or client call per poll
+            return final
         exit_code: int | None = None
         if row is not None:
             raw_state = row["state"]
@@ -509,7 +513,7 @@ class SlurmPool:
                 provider=self.name, region=self.site, request_id=rec["request_id"], code=word.lower(),
                 retryable=True,
             ))
-        return Instance(
+        inst = Instance(
             id=f"slurm-{sid}",
             provider=self.name,
             region=self.site,
@@ -520,6 +524,9 @@ class SlurmPool:
             exit_code=exit_code,
             launched_at=datetime.fromisoformat(rec["launched_at"]),
         )
+        if state in (InstanceState.SUCCEEDED, InstanceState.FAILED, InstanceState.TERMINATED) and row is not None:
+            self._final[sid] = inst
+        return inst
 
     def instances(self, tags: Mapping[str, str] | None = None) -> list[Instance]:
         """This pool's batch jobs (from its records, states from ``squeue``/``sacct``), plus jobs named
@@ -535,12 +542,19 @@ class SlurmPool:
         for sid, row in rows.items():
             if f"slurm-{sid}" in known or TAG_REQUEST not in row["tags"]:
                 continue
-            orphan = {"request_id": row["tags"][TAG_REQUEST], "partition": row["partition"],
-                      "tags": {k: v for k, v in row["tags"].items() if k != TAG_NODE},
-                      "launched_at": datetime.now(UTC).isoformat(), "terminated": []}
-            if matches_tags(orphan["tags"], tags):
-                out.append(self._to_instance(orphan, {"slurm_id": sid, "node": int(row["tags"].get(TAG_NODE, 0)),
-                                                      "run_dir": str(self.runs_dir / "-")}, row))
+            # Submitted by another broker process (a leader that died, another replica): adopted into this
+            # pool's records, so its logs and exit code are found here too (the log dir is shared).
+            request_id, node = row["tags"][TAG_REQUEST], int(row["tags"].get(TAG_NODE, 0))
+            with self._lock:
+                rec = self._records.get(request_id) or {
+                    "request_id": request_id, "partition": row["partition"], "runs": [], "terminated": [],
+                    "tags": {k: v for k, v in row["tags"].items() if k != TAG_NODE},
+                    "launched_at": datetime.now(UTC).isoformat()}
+                run = {"node": node, "slurm_id": sid, "run_dir": str(self._run_dir(request_id, node))}
+                rec["runs"].append(run)
+                self._save(rec)
+            if matches_tags(rec["tags"], tags):
+                out.append(self._to_instance(rec, run, row))
         return sorted(out, key=lambda i: i.id)
 
     def logs(self, instance_id: str) -> tuple[Path, Path]:

@@ -42,7 +42,8 @@ class Cluster:
         return subprocess.run(args, env=self.env(), capture_output=True, text=True, check=True, timeout=30).stdout
 
 
-def _conf(d: Path, nodes: Sequence[Node], ctld_port: int, node_ports: list[int], def_mem_per_cpu: int) -> str:
+def _conf(d: Path, nodes: Sequence[Node], ctld_port: int, node_ports: list[int], def_mem_per_cpu: int,
+          min_job_age: int) -> str:
     user = "root" if os.geteuid() == 0 else os.environ.get("USER", "nobody")
     lines = [
         "ClusterName=hbtest", "SlurmctldHost=localhost", f"SlurmctldPort={ctld_port}", f"SlurmUser={user}",
@@ -54,7 +55,7 @@ def _conf(d: Path, nodes: Sequence[Node], ctld_port: int, node_ports: list[int],
         "ReturnToService=2", "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core_Memory", f"DefMemPerCPU={def_mem_per_cpu}",
         "SchedulerType=sched/backfill", "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0",
-        "MinJobAge=300", "MaxJobCount=50000", "MpiDefault=none", "MailProg=/bin/true",
+        f"MinJobAge={min_job_age}", "MaxJobCount=50000", "MpiDefault=none", "MailProg=/bin/true",
         "AccountingStorageType=accounting_storage/none", "JobAcctGatherType=jobacct_gather/none",
     ]
     for (name, cpus, mem, _), port in zip(nodes, node_ports, strict=True):
@@ -68,8 +69,9 @@ def _conf(d: Path, nodes: Sequence[Node], ctld_port: int, node_ports: list[int],
 
 
 @contextmanager
-def slurm_cluster(nodes: Sequence[Node], *, def_mem_per_cpu: int = 256) -> Iterator[Cluster]:
-    """Start the cluster, wait until every node is idle, yield it; stop everything by PID afterwards."""
+def slurm_cluster(nodes: Sequence[Node], *, def_mem_per_cpu: int = 256, min_job_age: int = 300) -> Iterator[Cluster]:
+    """Start the cluster, wait until every node is idle, yield it; stop everything by PID afterwards.
+    Ended jobs stay in ``squeue -t all`` for ``min_job_age`` seconds (Slurm's ``MinJobAge``)."""
     d = Path(tempfile.mkdtemp(prefix="hb-slurm-"))
     os.chmod(d, 0o755)
     for sub in ("state", "log", "munge", *(f"spool/{n}" for n, *_ in nodes)):
@@ -84,7 +86,7 @@ def slurm_cluster(nodes: Sequence[Node], *, def_mem_per_cpu: int = 256) -> Itera
                         f"--pid-file={pid_file}", f"--log-file={d}/munge/munged.log",
                         f"--seed-file={d}/munge/munged.seed"], check=True, capture_output=True)
         conf = d / "slurm.conf"
-        conf.write_text(_conf(d, nodes, free_port(), [free_port() for _ in nodes], def_mem_per_cpu))
+        conf.write_text(_conf(d, nodes, free_port(), [free_port() for _ in nodes], def_mem_per_cpu, min_job_age))
         cluster = Cluster(d, conf, nodes)
         out = open(d / "log" / "slurmctld.out", "wb")  # noqa: SIM115 - closed below
         logs.append(out)

@@ -156,31 +156,27 @@ def test_runs_report_exit_codes_logs_and_tags(pool: Any) -> None:
     assert pool.poll_errors() == []  # an exit code is the job's failure, not the cluster's
 
 
-def test_a_relaunch_with_the_same_request_id_submits_no_second_job(pool: Any, ray_head: str) -> None:
+def test_a_relaunch_with_the_same_request_id_submits_no_second_job_and_terminate_stops_it(
+        pool: Any, ray_head: str) -> None:
+    from ray.job_submission import JobSubmissionClient
+
     from providers.ray_engine import RayPool
 
     (offer,) = pool.offers()
-    job = _job(["sleep", "30"])
+    job = _job(["sleep", "60"])
     first = pool.launch(offer, 2, "ray-req-idem", tags={"hb-job": "job-idem"}, job=job)
     again = pool.launch(offer, 2, "ray-req-idem", tags={"hb-job": "job-idem"}, job=job)
     other = RayPool(address=ray_head, env={}).launch(offer, 2, "ray-req-idem", tags={"hb-job": "job-idem"}, job=job)
     assert [i.id for i in first] == [i.id for i in again] == [i.id for i in other]
     assert len({i.id for i in first}) == 2
-    from ray.job_submission import JobSubmissionClient
-
     listed = [j for j in JobSubmissionClient(ray_head).list_jobs() if (j.metadata or {}).get("hb-job") == "job-idem"]
     assert len(listed) == 2
-    pool.terminate([i.id for i in first], "cleanup")
-
-
-def test_terminate_stops_the_job_and_is_idempotent(pool: Any) -> None:
-    (offer,) = pool.offers()
-    (inst,) = pool.launch(offer, 1, "ray-req-stop", tags={"hb-job": "job-stop"}, job=_job(["sleep", "60"]))
-    _wait(pool, "ray-req-stop", {InstanceState.RUNNING})
-    pool.terminate([inst.id], "ray-req-stop:done")
-    (gone,) = _wait(pool, "ray-req-stop", ENDED, seconds=30)
-    assert gone.state is InstanceState.TERMINATED
-    pool.terminate([inst.id, "hb-never-submitted-0"], "again")  # ended and unknown ids are ignored
+    # Terminate: a running job is stopped (terminated); ended and unknown ids are ignored.
+    _wait(pool, "ray-req-idem", {InstanceState.RUNNING})
+    pool.terminate([i.id for i in first], "ray-req-idem:done")
+    gone = _wait(pool, "ray-req-idem", ENDED, seconds=30)
+    assert {i.state for i in gone} == {InstanceState.TERMINATED}
+    pool.terminate([first[0].id, "hb-never-submitted-0"], "again")
 
 
 def test_refusals_are_classified(pool: Any, tmp_path: Path) -> None:

@@ -219,8 +219,32 @@ def test_the_broker_runs_a_job_on_slurm_end_to_end(slurm: Cluster, tmp_path: Pat
         assert (bad.state, bad.exit_code) == (JobState.FAILED.value, 7)
         (inst,) = json.loads(ok.instances_json or "[]")
         assert pool.logs(inst["id"])[0].read_text() == "fine\n"
+        from broker.api import job_detail
+
+        with hb.store.read() as session:
+            events = job_detail(session, ok)["events"]
+        placed = next(e for e in events if e["to"] == "PLACED")
+        assert placed["reason"] in ("on-prem pool slurm:main", "on-prem pool slurm:big")
+        assert placed["data"]["provider"] == "slurm"
         # The offers the API lists include the Slurm partitions as on-prem offers.
         offers, _ = hb.offers_matching("slurm", None, 0, 0, 0, 10)
         assert sorted(o.instance_type.name for o in offers) == ["big", "main"]
     finally:
         hb.store.dispose()
+
+
+def test_another_process_lists_and_adopts_runs_it_did_not_launch(slurm: Cluster, tmp_path: Path) -> None:
+    """What a new scheduler leader sees at reconciliation: batch jobs another broker process submitted,
+    found by name and comment, with their tags, state, exit code and (shared log dir) logs."""
+    logs = tmp_path / "shared-runs"
+    first = SlurmPool(tmp_path / "a", conf=slurm.conf, log_dir=logs, env={})
+    (inst,) = first.launch(_offer(first, "main"), 1, "req-adopt", tags={"hb-job": "job-adopt"},
+                           job=_job(["sh", "-c", "echo adopted; exit 2"]))
+    second = SlurmPool(tmp_path / "b", conf=slurm.conf, log_dir=logs, env={})
+    (seen,) = _wait(second, "req-adopt", ENDED)
+    assert (seen.id, seen.state, seen.exit_code) == (inst.id, InstanceState.FAILED, 2)
+    assert seen.tags["hb-job"] == "job-adopt"
+    assert second.logs(seen.id)[0].read_text() == "adopted\n"
+    # and a relaunch of that request id through the second process submits nothing
+    again = second.launch(_offer(second, "main"), 1, "req-adopt", tags={"hb-job": "job-adopt"}, job=_job(["true"]))
+    assert [i.id for i in again] == [inst.id]
