@@ -1,14 +1,18 @@
 """What a new user trips on, through the real ``broker`` entry point (in-process) against a real server: jobs list
 without a namespace, spec files that YAML would silently misread, errors naming the file, serve on a busy port,
---json on the admin commands, --version, and the help of flags."""
+--json on the admin commands, --version, the help of flags, and the curl examples of docs/POLICIES.md."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -143,3 +147,25 @@ def test_version_and_the_help_of_flags(cli, capsys: pytest.CaptureFixture[str]) 
     assert "follow the jobs until they end" in wait_row
     namespace_row = next(line for line in out.splitlines() if line.lstrip("│ ").startswith("--namespace"))
     assert "<str>" in namespace_row  # options that take a value still show its type
+
+
+def _curl_lines(doc: Path) -> list[str]:
+    return [line.split("   #")[0].strip() for line in doc.read_text().splitlines() if line.startswith("curl ")]
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_the_curl_examples_of_the_policies_doc_work_as_written(url: str) -> None:
+    lines = _curl_lines(Path(__file__).resolve().parents[2] / "docs" / "POLICIES.md")
+    assert any(" -X PUT " in line for line in lines)
+    assert httpx.post(f"{url}/v1/namespaces", json={"name": "team-a"},
+                      headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 201
+    token = httpx.post(f"{url}/v1/namespaces/team-a/tokens", headers={"Authorization": f"Bearer {ADMIN}"},
+                       json={}).json()["token"]
+    env = {**os.environ, "ADMIN": ADMIN, "TOKEN": token, "BROKER_URL": url}
+    for line in lines:
+        # the line as documented, plus options that only report the status (no proxy: loopback)
+        command = line.replace("curl ", "curl --noproxy '*' -sS -o /dev/null -w '%{http_code}' ", 1)
+        done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=30)
+        assert done.stdout == "200", (line, done.stdout, done.stderr)
+    queue = httpx.get(f"{url}/v1/namespaces/team-a/queue", headers={"Authorization": f"Bearer {token}"}).json()
+    assert queue["discipline"] == "fifo" and queue["weight"] == 2
