@@ -144,3 +144,31 @@ def test_small_spend_stays_visible_next_to_one_large_job(report: Report) -> None
     svg = {c.chart_id: c.svg for c in charts(dataclasses.replace(report, by_capacity=even))}["chart-capacity"]
     heights = list(_bar_heights(svg, "chart-capacity-bar-", horizontal=True).values())
     assert "log scale" not in svg and heights[0] / heights[2] == pytest.approx(3.0, rel=0.02)
+
+
+def test_dry_run_spend_is_counted_apart_and_marked(tmp_path: Path, report: Report) -> None:
+    from sqlalchemy import text
+
+    decisions = list(synthetic(60, seed=9))
+    url = f"sqlite:///{tmp_path}/broker.db"
+    engine = create_engine(url)
+    SQLModel.metadata.create_all(engine, tables=[DecisionRecord.__table__])  # type: ignore[attr-defined]
+    fill(engine, decisions)
+    with engine.begin() as conn:  # the broker's jobs table, as far as the report reads it
+        conn.execute(text("CREATE TABLE jobs (id VARCHAR(40) PRIMARY KEY, dry_run BOOLEAN NOT NULL)"))
+        conn.execute(text("INSERT INTO jobs (id, dry_run) VALUES (:id, :dry)"),
+                     [{"id": d.job_id, "dry": int(d.job_id[1:]) % 3 == 0} for d in decisions])
+    engine.dispose()
+    dry = [d for d in decisions if d.kind == "placement" and d.result.placement is not None
+           and int(d.job_id[1:]) % 3 == 0]
+    assert dry
+    marked = report_from_store(url)
+    assert marked.summary.dry_run_jobs == len(dry)
+    assert marked.summary.dry_run_usd == pytest.approx(sum(d.result.placement.total_usd for d in dry))  # type: ignore[union-attr]
+    assert marked.summary.dry_run_usd < marked.summary.estimated_spend_usd
+    html = render_html(marked)
+    note = re.search(r'<p class="note" id="dry-run-note">(.*?)</p>', html)
+    assert note and f"${marked.summary.dry_run_usd:,.2f}" in note.group(1) and f"{len(dry)} of" in note.group(1)
+    jsonschema.validate(json.loads(render_json(marked)), json.loads(SCHEMA.read_text()))
+    # a store without a jobs table (decision records only) has no dry-run spend, and no note
+    assert report.summary.dry_run_jobs == 0 and 'id="dry-run-note"' not in render_html(report)
