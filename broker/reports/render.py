@@ -270,7 +270,8 @@ def render_html(report: Report, *, max_html_decisions: int = 500, title: str = "
         parts.append(
             f'<p class="note" id="dry-run-note"><b>{_m(s.dry_run_usd)} of the estimated spend '
             f"({s.dry_run_jobs:,} of {s.jobs_placed:,} jobs) ran in dry-run mode</b>: those providers had no "
-            "credentials, so their instances were simulated and nothing was paid.</p>"
+            "credentials, so their instances were simulated and nothing was paid (their actual spend is simulated "
+            "too).</p>"
         )
     parts.append('<div class="grid2">')
     parts.append(fig("chart-providers") + fig("chart-capacity"))
