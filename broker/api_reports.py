@@ -20,7 +20,7 @@ from broker.config import Settings
 from broker.errors import SpecError
 from broker.reports import build_report, render
 from broker.reports.model import ReportFilters
-from broker.reports.store import catalog_store, load_records, parse_when
+from broker.reports.store import catalog_store, dry_run_job_ids, load_records, parse_when
 from broker.tenants import Principal
 
 __all__ = ["router"]
@@ -68,5 +68,6 @@ def placements_report(
         whatif_catalogs=catalog_store(getattr(settings, "data_dir", None)),
         filters=ReportFilters(namespace, since_at, until_at),
         generated_at=now,
+        dry_run_jobs=dry_run_job_ids(session, records),
     )
     return Response(content=render(report, format), media_type=_MEDIA[format])

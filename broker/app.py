@@ -309,7 +309,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
             for operation in item.values():
                 if isinstance(operation, dict) and isinstance(operation.get("description"), str):
                     operation["description"] = _plain(operation["description"])
-    return app.openapi_schema
+    return app.openapi_schema  # type: ignore[return-value]
 
 
 DOCS_ASSETS = "/docs-assets"

@@ -7,6 +7,7 @@ Errors print one line on stderr and exit non-zero (2: invalid input, 3: nothing 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 __all__ = ["main", "app"]
 
@@ -64,13 +65,13 @@ def _hide_flag_types() -> None:
         return
     original = TyperOption.display_type_rich
 
-    def display_type_rich(self: TyperOption, ctx: typer.Context) -> str | None:
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
         if self.is_flag and not self.count:
             return None
         return original(self, ctx)
 
     display_type_rich._hb_flags_hidden = True  # type: ignore[attr-defined]
-    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign,assignment]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,7 +4,8 @@ Where the records come from, first match wins:
 
 1. ``--database-url`` or ``BROKER_DATABASE_URL``: read that store directly;
 2. ``--data-dir``: read ``<data dir>/broker.db`` directly;
-3. ``BROKER_URL``: ask the running broker (``GET /v1/reports/placements`` with ``BROKER_TOKEN``);
+3. ``BROKER_URL`` or ``BROKER_TOKEN``: ask the running broker (``GET /v1/reports/placements`` with
+   ``BROKER_TOKEN``) at ``BROKER_URL``, by default ``http://127.0.0.1:8080`` like every client command;
 4. otherwise the default data dir (``BROKER_DATA_DIR`` or ``~/.hybrid-broker``).
 """
 
@@ -85,6 +86,10 @@ def placements(
         raise _fail("--until: must be after --since. To fix: widen the window", 2)
     db_url = database_url or os.environ.get("BROKER_DATABASE_URL")
     api_url = os.environ.get("BROKER_URL")
+    if not api_url and os.environ.get("BROKER_TOKEN"):
+        from broker.client import DEFAULT_URL
+
+        api_url = DEFAULT_URL
     try:
         if db_url is None and data_dir is None and api_url:
             content = _via_api(api_url, fmt, namespace, since, until)

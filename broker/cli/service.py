@@ -2,7 +2,8 @@
 ``queues ...``.
 
 The client commands talk to ``BROKER_URL`` with ``BROKER_TOKEN`` (see :mod:`broker.client`). The namespace
-is ``--namespace``, else ``BROKER_NAMESPACE``, else the token's own namespace, else ``default``.
+is ``--namespace``, else ``BROKER_NAMESPACE``, else the token's own namespace; with the admin token ``jobs list``
+lists every namespace and the other commands use ``default``.
 Errors print one line on stderr and exit non-zero (see :mod:`broker.cli`).
 """
 
@@ -269,20 +270,37 @@ def register(app: typer.Typer) -> None:
         limit: Annotated[int, typer.Option(min=1, help="at most this many jobs")] = 1000,
         as_json: JsonOpt = False,
     ) -> None:
-        """List jobs (newest last)."""
+        """List jobs (newest last). Without a namespace (-n, BROKER_NAMESPACE) a namespace token lists its
+        namespace and the admin token lists every namespace (names shown as NAMESPACE/NAME)."""
         with _client() as client:
-            ns = _namespace(client, namespace)
+            chosen = namespace or os.environ.get("BROKER_NAMESPACE")
+            who = None if chosen else client.whoami()
+            every = who is not None and bool(who.get("admin")) and not who.get("namespace")
+            if every:
+                spaces = [n["name"] for n in client.list_namespaces()]
+            else:
+                spaces = [chosen or (who or {}).get("namespace") or "default"]
             out = []
-            for job in client.iter_jobs(ns, states=[s.upper() for s in state or []], labels=label or []):
-                out.append(job)
+            for ns in spaces:
+                for job in client.iter_jobs(ns, states=[s.upper() for s in state or []], labels=label or []):
+                    out.append(job)
+                    if len(out) >= limit:
+                        break
                 if len(out) >= limit:
                     break
         if as_json:
             _print_json(out)
             return
+        if not out:
+            where = f"any of the {len(spaces)} namespaces" if every else f"namespace {spaces[0]!r}"
+            filters = " matching the filters" if state or label else ""
+            print(f"no jobs{filters} in {where}" + ("" if every or namespace else " (pass -n NAMESPACE for another)"),
+                  file=sys.stderr)
+            return
         for job in out:
             where = f"{job['provider']}:{job['region']}" if job.get("provider") else "-"
-            typer.echo(f"{job['id']}  {job['name']:<30}  {job['state']:<12}  {where}"
+            name = f"{job['namespace']}/{job['name']}" if every else job["name"]
+            typer.echo(f"{job['id']}  {name:<30}  {job['state']:<12}  {where}"
                        f"{' (dry-run)' if job.get('dry_run') else ''}")
 
     @jobs.command("get")
@@ -321,31 +339,43 @@ def register(app: typer.Typer) -> None:
             typer.echo(client.create_namespace(name)["name"])
 
     @namespaces.command("list")
-    def namespaces_list() -> None:
+    def namespaces_list(as_json: JsonOpt = False) -> None:
         """List namespaces."""
         with _client() as client:
-            for ns in client.list_namespaces():
-                typer.echo(ns["name"])
+            spaces = client.list_namespaces()
+        if as_json:
+            _print_json(spaces)
+            return
+        for ns in spaces:
+            typer.echo(ns["name"])
 
     @tokens.command("create")
     def tokens_create(
         namespace: Annotated[str, typer.Option("--namespace", "-n", help="namespace of the token")],
         description: Annotated[str, typer.Option(help="what the token is for")] = "",
+        as_json: JsonOpt = False,
     ) -> None:
         """Create a namespace token; prints the secret once (store it now)."""
         with _client() as client:
             answer = client.create_token(namespace, description)
+        if as_json:
+            _print_json(answer)
+            return
         typer.echo(answer["token"])
         print(f"token id {answer['id']} for namespace {namespace} (the secret above is shown only once)",
               file=sys.stderr)
 
     @tokens.command("list")
-    def tokens_list(namespace: Annotated[str, typer.Option("--namespace", "-n")]) -> None:
+    def tokens_list(namespace: Annotated[str, typer.Option("--namespace", "-n")], as_json: JsonOpt = False) -> None:
         """List a namespace's tokens (no secrets)."""
         with _client() as client:
-            for tok in client.list_tokens(namespace):
-                state = f"revoked {tok['revoked_at']}" if tok.get("revoked_at") else "active"
-                typer.echo(f"{tok['id']}  {state}  {tok.get('description') or ''}")
+            tokens = client.list_tokens(namespace)
+        if as_json:
+            _print_json(tokens)
+            return
+        for tok in tokens:
+            state = f"revoked {tok['revoked_at']}" if tok.get("revoked_at") else "active"
+            typer.echo(f"{tok['id']}  {state}  {tok.get('description') or ''}")
 
     @tokens.command("revoke")
     def tokens_revoke(token_id: str) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import gc
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -560,6 +560,7 @@ def build_report(
     whatif_max_jobs: int = 300,
     filters: ReportFilters | None = None,
     generated_at: datetime | None = None,
+    dry_run_jobs: Collection[str] = (),
 ) -> Report:
     """The placement report of ``records`` (``DecisionRecord`` rows, in any order).
 
@@ -569,11 +570,13 @@ def build_report(
     ``egress`` (an ``EgressModel``) and ``place_fn`` (``policies.placement.place``) default to the
     project's own when importable. ``exclude_providers`` are the providers the "provider excluded"
     scenarios drop (default: the provider with the highest spend). At most ``whatif_max_jobs``
-    jobs are re-placed per scenario (an evenly spread sample). Pure apart from the catalog loads.
+    jobs are re-placed per scenario (an evenly spread sample). ``dry_run_jobs`` are the ids of jobs that ran
+    in dry-run mode (:func:`broker.reports.store.dry_run_job_ids`): their spend is counted apart in the summary.
+    Pure apart from the catalog loads.
     """
     with no_gc():
         return _build(records, whatif_catalogs, egress, place_fn, exclude_providers, whatif_max_jobs, filters,
-                      generated_at)
+                      generated_at, dry_run_jobs)
 
 
 def _build(
@@ -585,6 +588,7 @@ def _build(
     whatif_max_jobs: int,
     filters: ReportFilters | None,
     generated_at: datetime | None,
+    dry_run_jobs: Collection[str] = (),
 ) -> Report:
     """One pass over the counted records feeds every section (summary, baselines, spend, egress,
     daily, deadlines); the job decisions are built on demand (:class:`DecisionList`)."""
@@ -602,12 +606,17 @@ def _build(
     base = _BaselineAcc()
     dl_jobs = dl_met_pred = dl_finished = dl_met = dl_missed = dl_too_slow = 0
     dl_costs: list[float] = []
+    dry = dry_run_jobs if isinstance(dry_run_jobs, (set, frozenset)) else set(dry_run_jobs)
+    dry_n, dry_usd = 0, 0.0
     for r in counted:
         c = r.chosen
         if c is None:
             continue
         placed.append(r)
         total = float(c["total_usd"])
+        if dry and r.job_id in dry:
+            dry_n += 1
+            dry_usd += total
         compute = float(c["compute_usd"])
         e_usd = float(c["egress_usd"])
         est += total
@@ -681,6 +690,8 @@ def _build(
         offers_considered=considered,
         first_at=recs and min(r.created_at for r in recs) or None,
         last_at=recs and max(r.created_at for r in recs) or None,
+        dry_run_jobs=dry_n,
+        dry_run_usd=dry_usd,
     )
     egress_rows = sorted(
         (EgressRow(s, d, v[0], v[1], int(v[2])) for (s, d), v in routes.items()),

@@ -62,6 +62,16 @@ def _empty(ax: object, text: str) -> None:
     ax.set_yticks([])  # type: ignore[attr-defined]
 
 
+# Above this ratio between the largest and the smallest non-zero bar, a chart uses a log scale: on a linear
+# one the small bars (a few dollars next to one large job) would be invisible slivers.
+SKEW_FOR_LOG_SCALE = 50.0
+
+
+def _skewed(*series: Sequence[float]) -> bool:
+    positive = [v for values in series for v in values if v > 0]
+    return len(positive) >= 2 and max(positive) / min(positive) > SKEW_FOR_LOG_SCALE
+
+
 def _hbar(
     chart_id: str,
     title: str,
@@ -78,13 +88,23 @@ def _hbar(
         ax = fig.add_subplot()
         if labels:
             ys = list(range(len(labels)))[::-1]
-            ax.barh(ys, values, color=list(colors or _PALETTE[0:1] * len(labels)), height=0.6)
+            bars = ax.barh(ys, values, color=list(colors or _PALETTE[0:1] * len(labels)), height=0.6)
+            for i, bar in enumerate(bars):
+                bar.set_gid(f"{chart_id}-bar-{i}")
             ax.set_yticks(ys, labels=list(labels))
-            ax.set_xlabel(xlabel)
             top = max(values) if values else 0.0
-            for y, v in zip(ys, values, strict=True):
-                ax.text(v + top * 0.01, y, f"{v:,.2f}", va="center", fontsize=9)
-            ax.set_xlim(0, top * 1.18 if top > 0 else 1)
+            if _skewed(values):
+                low = min(v for v in values if v > 0)
+                ax.set_xscale("log")
+                ax.set_xlim(low / 3, top * 4)
+                ax.set_xlabel(f"{xlabel} (log scale)")
+                for y, v in zip(ys, values, strict=True):
+                    ax.text(max(v, low / 3) * 1.08, y, f"{v:,.2f}", va="center", fontsize=9)
+            else:
+                ax.set_xlabel(xlabel)
+                for y, v in zip(ys, values, strict=True):
+                    ax.text(v + top * 0.01, y, f"{v:,.2f}", va="center", fontsize=9)
+                ax.set_xlim(0, top * 1.18 if top > 0 else 1)
         else:
             _empty(ax, empty)
         ax.set_title(title, loc="left")
@@ -97,10 +117,19 @@ def _grouped(chart_id: str, title: str, labels: Sequence[str], est: Sequence[flo
         ax = fig.add_subplot()
         if labels:
             xs = range(len(labels))
-            ax.bar([x - 0.2 for x in xs], est, width=0.4, color=_PALETTE[0], label="estimated")
-            ax.bar([x + 0.2 for x in xs], act, width=0.4, color=_PALETTE[1], label="actual (finished runs)")
+            for offset, values, color, label in ((-0.2, est, _PALETTE[0], "estimated"),
+                                                 (0.2, act, _PALETTE[1], "actual (finished runs)")):
+                bars = ax.bar([x + offset for x in xs], values, width=0.4, color=color, label=label)
+                for i, bar in enumerate(bars):
+                    bar.set_gid(f"{chart_id}-{'est' if offset < 0 else 'act'}-{i}")
             ax.set_xticks(list(xs), labels=list(labels))
-            ax.set_ylabel("USD")
+            if _skewed(est, act):
+                low = min(v for v in (*est, *act) if v > 0)
+                ax.set_yscale("log")
+                ax.set_ylim(low / 3, max(*est, *act) * 4)
+                ax.set_ylabel("USD (log scale)")
+            else:
+                ax.set_ylabel("USD")
             ax.legend(frameon=False, fontsize=9)
         else:
             _empty(ax, "no jobs placed in this window")

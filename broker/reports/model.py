@@ -42,7 +42,8 @@ class ReportFilters:
 @dataclass(frozen=True, slots=True)
 class Summary:
     """Totals over the placed jobs. ``actual_spend_usd`` sums only finished runs
-    (``finished_jobs`` of them), whose estimate was ``estimated_finished_usd``."""
+    (``finished_jobs`` of them), whose estimate was ``estimated_finished_usd``. ``dry_run_usd`` is the part of
+    the estimated spend of the ``dry_run_jobs`` jobs that ran in dry-run mode (simulated, nothing paid)."""
 
     jobs_placed: int
     previews: int
@@ -57,6 +58,9 @@ class Summary:
     offers_considered: int
     first_at: datetime | None
     last_at: datetime | None
+    # jobs whose run was simulated (a dry-run provider: no credentials), and their estimated spend
+    dry_run_jobs: int = 0
+    dry_run_usd: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

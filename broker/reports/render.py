@@ -224,6 +224,7 @@ def render_html(report: Report, *, max_html_decisions: int = 500, title: str = "
     cards = [
         ("jobs placed", f"{s.jobs_placed:,}"),
         ("estimated spend", _m(s.estimated_spend_usd)),
+        (f"of it dry-run, simulated ({s.dry_run_jobs:,} jobs)", _m(s.dry_run_usd)),
         (f"actual spend ({s.finished_jobs:,} finished runs)", _m(s.actual_spend_usd)),
         ("data moved", f"{s.data_moved_gib:,.1f} GiB"),
         ("egress cost", _m(s.egress_usd)),
@@ -264,7 +265,15 @@ def render_html(report: Report, *, max_html_decisions: int = 500, title: str = "
         "jobs counted (see docs/REPORTS.md).</p></div></div></section>")
 
     # spend
-    parts.append('<section id="spend"><h2>Spend</h2><div class="grid2">')
+    parts.append('<section id="spend"><h2>Spend</h2>')
+    if s.dry_run_jobs:
+        parts.append(
+            f'<p class="note" id="dry-run-note"><b>{_m(s.dry_run_usd)} of the estimated spend '
+            f"({s.dry_run_jobs:,} of {s.jobs_placed:,} jobs) ran in dry-run mode</b>: those providers had no "
+            "credentials, so their instances were simulated and nothing was paid (their actual spend is simulated "
+            "too).</p>"
+        )
+    parts.append('<div class="grid2">')
     parts.append(fig("chart-providers") + fig("chart-capacity"))
     parts.append(fig("chart-daily") + "</div>")
     parts.append('<div class="tables2"><div><h3>By provider</h3>' + _spend_table(report.by_provider, "provider")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import orjson
-from sqlalchemy import Text, cast, create_engine, select, type_coerce
+from sqlalchemy import Text, cast, column, create_engine, select, table, true, type_coerce
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
@@ -18,7 +19,8 @@ from broker.errors import NotFoundError, SpecError
 from broker.reports.build import Rec, build_report, no_gc
 from broker.reports.model import Report, ReportFilters
 
-__all__ = ["FORMATS", "parse_when", "load_records", "report_from_store", "write_report", "catalog_store"]
+__all__ = ["FORMATS", "parse_when", "load_records", "report_from_store", "write_report", "catalog_store",
+           "dry_run_job_ids"]
 
 FORMATS = ("html", "csv", "json")
 
@@ -107,6 +109,25 @@ def load_records(
 
 
 _BATCH = 2000
+
+
+def dry_run_job_ids(conn: Connection | Session, recs: Sequence[Rec]) -> set[str]:
+    """The ids of the jobs of ``recs`` that ran in dry-run mode (``jobs.dry_run``); empty when the store has
+    no ``jobs`` table (a store of decision records only)."""
+    ids = sorted({r.job_id for r in recs if r.job_id and r.chosen is not None})
+    if not ids:
+        return set()
+    jobs = table("jobs", column("id"), column("dry_run"))
+    out: set[str] = set()
+    try:
+        for start in range(0, len(ids), 1000):
+            chunk = ids[start : start + 1000]
+            out.update(row[0] for row in conn.execute(
+                select(jobs.c.id).where(jobs.c.id.in_(chunk), jobs.c.dry_run == true())))
+    except (OperationalError, ProgrammingError):
+        conn.rollback()
+        return set()
+    return out
 
 
 def _utc_text(value: str) -> datetime:
@@ -216,6 +237,7 @@ def report_from_store(
     try:
         with engine.connect() as conn:
             recs = load_records(conn, namespace, since, until)
+            dry = dry_run_job_ids(conn, recs)
     except (OperationalError, ProgrammingError) as exc:
         raise NotFoundError(
             f"the store at {engine.url.render_as_string(hide_password=True)} has no decision records table "
@@ -229,6 +251,7 @@ def report_from_store(
         whatif_catalogs=catalog_store(data_dir),
         filters=ReportFilters(namespace, since, until),
         generated_at=now or datetime.now(UTC),
+        dry_run_jobs=dry,
     )
 
 

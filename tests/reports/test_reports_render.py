@@ -108,3 +108,67 @@ def test_write_report_works_on_its_own(db_url: str, tmp_path: Path, fmt: str) ->
 def test_bad_input_gets_a_clear_error(db_url: str, tmp_path: Path, call: object, error: type) -> None:
     with pytest.raises(error, match="To fix"):
         call(tmp_path / "r.out", db_url)  # type: ignore[operator]
+
+
+def _bar_heights(svg: str, prefix: str, *, horizontal: bool = False) -> dict[str, float]:
+    """The visible length of each bar ``<g id="{prefix}...">`` of an SVG chart: its path clipped to the axes."""
+    x, y, w, h = (float(v) for v in re.search(
+        r'<clipPath id="[^"]+">\s*<rect x="([\d.]+)" y="([\d.]+)" width="([\d.]+)" height="([\d.]+)"', svg).groups())
+    out = {}
+    for gid, d in re.findall(rf'<g id="({re.escape(prefix)}[^"]+)">\s*<path d="([^"]+)"', svg):
+        coords = [float(v) for v in re.findall(r"-?[\d.]+", d)]
+        values = coords[0::2] if horizontal else coords[1::2]
+        lo, hi = (x, x + w) if horizontal else (y, y + h)
+        out[gid] = min(max(values), hi) - max(min(values), lo)
+    return out
+
+
+def test_small_spend_stays_visible_next_to_one_large_job(report: Report) -> None:
+    import dataclasses
+
+    from broker.reports.charts import charts
+    from broker.reports.model import SpendRow
+
+    rows = [SpendRow("aws", 1, 9000.0, 9000.0, 0.0, 8000.0, 1), SpendRow("gcp", 3, 2.5, 2.5, 0.0, 0.0, 0),
+            SpendRow("azure", 2, 0.8, 0.8, 0.0, 0.5, 1)]
+    skewed = dataclasses.replace(report, by_provider=rows, by_capacity=rows)
+    by_id = {c.chart_id: c.svg for c in charts(skewed)}
+    for chart_id, prefix, horizontal in (("chart-providers", "chart-providers-est-", False),
+                                         ("chart-capacity", "chart-capacity-bar-", True)):
+        heights = _bar_heights(by_id[chart_id], prefix, horizontal=horizontal)
+        assert len(heights) == 3
+        assert min(heights.values()) > 0.1 * max(heights.values()), (chart_id, heights)
+        assert "log scale" in by_id[chart_id]
+    # spend of one order of magnitude keeps the linear scale, where lengths are proportional to dollars
+    even = [dataclasses.replace(r, estimated_usd=v) for r, v in zip(rows, (30.0, 20.0, 10.0), strict=True)]
+    svg = {c.chart_id: c.svg for c in charts(dataclasses.replace(report, by_capacity=even))}["chart-capacity"]
+    heights = list(_bar_heights(svg, "chart-capacity-bar-", horizontal=True).values())
+    assert "log scale" not in svg and heights[0] / heights[2] == pytest.approx(3.0, rel=0.02)
+
+
+def test_dry_run_spend_is_counted_apart_and_marked(tmp_path: Path, report: Report) -> None:
+    from sqlalchemy import text
+
+    decisions = list(synthetic(60, seed=9))
+    url = f"sqlite:///{tmp_path}/broker.db"
+    engine = create_engine(url)
+    SQLModel.metadata.create_all(engine, tables=[DecisionRecord.__table__])  # type: ignore[attr-defined]
+    fill(engine, decisions)
+    with engine.begin() as conn:  # the broker's jobs table, as far as the report reads it
+        conn.execute(text("CREATE TABLE jobs (id VARCHAR(40) PRIMARY KEY, dry_run BOOLEAN NOT NULL)"))
+        conn.execute(text("INSERT INTO jobs (id, dry_run) VALUES (:id, :dry)"),
+                     [{"id": d.job_id, "dry": int(d.job_id[1:]) % 3 == 0} for d in decisions])
+    engine.dispose()
+    dry = [d for d in decisions if d.kind == "placement" and d.result.placement is not None
+           and int(d.job_id[1:]) % 3 == 0]
+    assert dry
+    marked = report_from_store(url)
+    assert marked.summary.dry_run_jobs == len(dry)
+    assert marked.summary.dry_run_usd == pytest.approx(sum(d.result.placement.total_usd for d in dry))  # type: ignore[union-attr]
+    assert marked.summary.dry_run_usd < marked.summary.estimated_spend_usd
+    html = render_html(marked)
+    note = re.search(r'<p class="note" id="dry-run-note">(.*?)</p>', html)
+    assert note and f"${marked.summary.dry_run_usd:,.2f}" in note.group(1) and f"{len(dry)} of" in note.group(1)
+    jsonschema.validate(json.loads(render_json(marked)), json.loads(SCHEMA.read_text()))
+    # a store without a jobs table (decision records only) has no dry-run spend, and no note
+    assert report.summary.dry_run_jobs == 0 and 'id="dry-run-note"' not in render_html(report)
