@@ -18,7 +18,7 @@ from broker.migrations import upgrade
 from broker.scheduler import LEADER_LOCK_ID
 from broker.spec import parse_job_spec
 from broker.store import JobRow, Store
-from tests.broker.pg_cluster import PgCluster, pg_cluster  # noqa: F401 - the fixture
+from tests.broker.pg_cluster import PgCluster
 from tests.broker.service_support import job_doc, make_app
 from tests.conftest import pg_schema
 

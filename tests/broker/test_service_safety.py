@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from broker.store import Store
-from tests.broker.pg_cluster import PgCluster, pg_cluster  # noqa: F401 - the fixture
+from tests.broker.pg_cluster import PgCluster
 from tests.broker.service_support import ADMIN_H, job_doc, make_app, serve_in_thread
 
 NS = "default"
