@@ -480,6 +480,16 @@ def _resolve_priorities(classes: dict[str, Any], specs: list[Any], burst: bool) 
     return out
 
 
+def _refuse_raw_priority(specs: list[Any], burst: bool) -> None:
+    """A namespace token may lower its own jobs (``spec.priority`` <= 0) but not raise them: priorities above
+    0 come from PriorityClasses, which only an admin applies (issue 17: no tenant preempts another at will)."""
+    for i, spec in enumerate(specs):
+        if spec.priority is not None and spec.priority > 0 and not spec.priority_class_name:
+            raise SpecError(f"{f'[{i}].' if burst else ''}spec.priority",
+                            f"a namespace token cannot set priority {spec.priority} (> 0). To fix: use a "
+                            "priorityClassName an admin applied (broker policies apply), or drop spec.priority")
+
+
 def _key_reused() -> SpecError:
     return SpecError(
         "Idempotency-Key",
@@ -523,6 +533,7 @@ async def post_jobs(
     request: Request,
     ns: Annotated[str, Depends(require_namespace)],
     hb: Annotated[Any, Depends(get_state)],
+    principal: Annotated[Principal, Depends(current_principal)],
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> Response:
     """Submit one job spec (-> the job) or a burst (-> ``{"jobs": [...]}``, all or nothing).
@@ -548,6 +559,8 @@ async def post_jobs(
         if replay is None:
             raise
         return _json_response(replay[1], replay[0], {"Idempotent-Replayed": "true"})
+    if not principal.is_admin:
+        _refuse_raw_priority(sub.specs, sub.burst)
     try:
         status, response, replayed = await asyncio.wrap_future(
             hb.writer.submit(sub)

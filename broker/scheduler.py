@@ -255,6 +255,13 @@ def _preempted_request_id(job_id: str, retries: int, previous: str | None) -> st
     return f"{base}{n:04d}"
 
 
+def _victims(job: QueuedJob, stopped: list[dict[str, Any]]) -> str:
+    """The preempted jobs as the preemptor's event names them: ids of its own namespace only."""
+    own = [v["row"].id for v in stopped if v["row"].namespace == job.namespace]
+    others = len(stopped) - len(own)
+    return ", ".join(own + ([f"{others} job(s) of other namespaces"] if others else []))
+
+
 def _estimate_usd(placement_json: str | None) -> float:
     """The ``total_usd`` of a stored placement (what budgets counted for it), 0 without one."""
     if not placement_json:
@@ -1089,12 +1096,15 @@ class Scheduler:
                 f["memory_gib"] += float(row.memory_gib)
                 f["gpus"] += float(row.gpus)
             taken.add(row.id)
+            # a victim's event never names another namespace's job (issue 17)
+            by = f"{job.id} ({job.name}, " if row.namespace == job.namespace else "a job of another namespace ("
             reason = (
-                f"{PREEMPTED_BY} {job.id} ({job.name}, priority {job.priority} > {target.priority}) on {host}: "
+                f"{PREEMPTED_BY} {by}priority {job.priority} > {target.priority}) on {host}: "
                 f"stopped with SIGTERM and a grace period to write its checkpoint; "
                 f"{target.work_lost_seconds:.0f} s of work since its last checkpoint at risk; requeued"
             )
-            stopped.append({"row": row, "reason": reason, "target": target, "by": job.id})
+            stopped.append({"row": row, "reason": reason, "target": target,
+                            "by": job.id if row.namespace == job.namespace else None})
             log.info("job %s preempted by %s on %s", row.id, job.id, host)
         return stopped
 
@@ -1120,7 +1130,7 @@ class Scheduler:
                         preempted.extend(stopped)
                         result, options, why = self._choose(job, snapshot)
                         if options:
-                            why = f"{why} after preempting {', '.join(v['row'].id for v in stopped)}"
+                            why = f"{why} after preempting {_victims(job, stopped)}"
             except Exception as exc:  # noqa: BLE001 - one bad job must not stop the queue
                 log.exception("placement of %s failed", job.id)
                 fails.append((job.id, f"placement failed: {exc}"))

@@ -449,6 +449,9 @@ class OnPremPool:
 
     def _rec(self, instance_id: str) -> dict[str, Any]:
         rec = self._runs.get(instance_id)
+        if rec is None and (self.runs_dir / instance_id / "run.json").exists():
+            self.adopt()  # started by another broker process on this data dir (the scheduler leader)
+            rec = self._runs.get(instance_id)
         if rec is None:
             raise NotFoundError(f"onprem: no run {instance_id!r}. To fix: list runs with instances().")
         return rec
@@ -504,7 +507,10 @@ class OnPremPool:
         return self.instance(instance_id)
 
     def terminate(self, ids: Sequence[str], request_id: str) -> None:
-        """Stop each run (SIGTERM, grace, SIGKILL) and mark it terminated; unknown ids are ignored."""
+        """Stop each run (SIGTERM, grace, SIGKILL) and mark it terminated; unknown ids are ignored. Runs another
+        broker process started on this data dir are adopted first (a cancel through a non-leader replica)."""
+        if any(iid not in self._runs for iid in ids):
+            self.adopt()
         for iid in ids:
             with self._lock:
                 rec = self._runs.get(iid)
