@@ -248,8 +248,8 @@ def readyz(request: Request, store: Annotated[Store, Depends(get_store)]) -> JSO
     return JSONResponse({"status": "ok" if ok else "not ready", "checks": checks}, status_code=200 if ok else 503)
 
 
-@router.get("/metrics", tags=["health"], response_class=PlainTextResponse)
-def metrics(request: Request) -> Response:
+@router.get("/metrics", tags=["health"], response_class=PlainTextResponse, responses={401: _ERR, 403: _ERR})
+def metrics(request: Request, _admin: Annotated[Principal, Depends(require_admin)]) -> Response:
     """Prometheus text exposition (jobs by state, queue wait and placement latency, provider errors)."""
     from broker.metrics import CONTENT_TYPE
 
