@@ -186,6 +186,8 @@ class OnPremPool:
             self._hosts = [LocalHost(memory_gib=round(_mem_total_gib(), 2))]
         self._by_host = {h.name: h for h in self._hosts}
         self.sandbox = sandbox if isinstance(sandbox, Sandbox) else Sandbox(sandbox)
+        if self.sandbox.mode == "user" and not self.sandbox.can_switch and any(h.local for h in self._hosts):
+            self.sandbox.user_for("")  # raises: mode user cannot run work without root (refuse to start)
         self.runs_dir = Path(data_dir) / "runs"
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         if self.sandbox.drops_privileges:
