@@ -30,10 +30,8 @@ def _cycles_until(app, client: httpx.Client, ns: str, job_id: str, states: set[s
         time.sleep(0.05)
 
 
-def test_a_tenant_cannot_raise_its_priority_and_a_preemption_never_names_another_namespace(
-    tmp_path: Path, store_url: str
-) -> None:
-    app = make_app(tmp_path, store_url)
+def test_a_tenant_cannot_raise_its_priority_and_a_preemption_never_names_another_namespace(tmp_path: Path) -> None:
+    app = make_app(tmp_path, f"sqlite:///{tmp_path / 'broker.db'}")
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as client:
         a_h, b_h = _tenant(client, "team-a"), _tenant(client, "team-b")
         big = client.post("/v1/namespaces/team-b/jobs", headers=b_h,
