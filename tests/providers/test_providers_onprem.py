@@ -407,3 +407,16 @@ def test_adopt_picks_up_runs_another_broker_process_started(tmp_path: Path) -> N
     assert second.free()["localhost"]["vcpus"] == 3
     second.terminate([inst.id], "stop")
     assert first.instance(inst.id).state is not InstanceState.RUNNING
+
+
+def test_ended_and_terminated_runs_leave_memory_but_stay_readable(tmp_path: Path) -> None:
+    pool = OnPremPool(INV, tmp_path)
+    ids = [pool.launch(local_offer(), 1, f"req-m{i}", tags={TAG_JOB: f"job-m{i}"},
+                       job=make_job(command=("sh", "-c", f"echo run-{i}")))[0].id for i in range(5)]
+    for iid in ids:
+        wait_ended(pool, iid)
+    pool.terminate(ids, "done")
+    assert pool.instances() == [] and not pool._runs and not pool._procs, "memory holds only what may still run"
+    assert pool.instance(ids[3]).state is InstanceState.TERMINATED
+    assert pool.logs(ids[3])[0].read_text() == "run-3\n"
+    assert OnPremPool(INV, tmp_path).instances() == [], "a restarted pool does not load them either"
