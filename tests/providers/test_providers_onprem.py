@@ -411,11 +411,13 @@ def test_adopt_picks_up_runs_another_broker_process_started(tmp_path: Path) -> N
 
 def test_ended_and_terminated_runs_leave_memory_but_stay_readable(tmp_path: Path) -> None:
     pool = OnPremPool(INV, tmp_path)
-    ids = [pool.launch(local_offer(), 1, f"req-m{i}", tags={TAG_JOB: f"job-m{i}"},
-                       job=make_job(command=("sh", "-c", f"echo run-{i}")))[0].id for i in range(5)]
-    for iid in ids:
-        wait_ended(pool, iid)
-    pool.terminate(ids, "done")
+    ids = []
+    for i in range(6):  # more runs than the host holds at once: each ends and is terminated, as step 6 does
+        [inst] = pool.launch(local_offer(), 1, f"req-m{i}", tags={TAG_JOB: f"job-m{i}"},
+                             job=make_job(command=("sh", "-c", f"echo run-{i}")))
+        wait_ended(pool, inst.id)
+        pool.terminate([inst.id], "done")
+        ids.append(inst.id)
     assert pool.instances() == [] and not pool._runs and not pool._procs, "memory holds only what may still run"
     assert pool.instance(ids[3]).state is InstanceState.TERMINATED
     assert pool.logs(ids[3])[0].read_text() == "run-3\n"
