@@ -33,9 +33,12 @@ and logged at DEBUG:
 7. **requeue**: BACKOFF jobs whose delay has passed -> PENDING.
 
 The store is the truth: a restarted scheduler rebuilds everything from it, and :meth:`Scheduler.reconcile`
-(run once at start) adopts or terminates instances by their ``hb-job``/``hb-request`` tags, so nothing
-leaks. Rows are claimed with ``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL, and only the holder of
-the advisory lock :data:`LEADER_LOCK_ID` runs cycles, so several broker processes can share one database.
+(run at start and at every new leadership term) adopts or terminates instances by their
+``hb-job``/``hb-request`` tags, so nothing leaks. Rows are claimed with ``SELECT ... FOR UPDATE SKIP LOCKED``
+on PostgreSQL, and only the holder of the advisory lock :data:`LEADER_LOCK_ID` runs cycles, so several broker
+processes can share one database. Leadership is fenced (:mod:`broker.leader`): the lock is checked at every
+cycle and before every launch, and every write transaction of the scheduler (:meth:`Scheduler._tx`) is
+refused once another replica's term has begun.
 """
 
 from __future__ import annotations
@@ -1447,7 +1450,12 @@ class Scheduler:
     # ------------------------------------------------------------------------------ reconciliation
 
     def reconcile(self) -> dict[str, int]:
-        """Adopt or terminate provider instances by tag, once at start (see the module docstring).
+        """Adopt or terminate provider instances by tag, at start and on every takeover (module docstring).
+
+        Providers with ``adopt()`` (the on-prem pool) first re-read runs another broker process started. On
+        PostgreSQL a PROVISIONING job without instances entered that state less than
+        :data:`broker.leader.TAKEOVER_GRACE_SECONDS` ago is left alone (its launch by the previous leader
+        may still land) and reconcile runs again next cycle.
 
         Returns counts: ``adopted`` (PROVISIONING jobs whose launch did happen), ``requeued`` (active jobs
         whose instances are gone), ``terminated`` (instances of no active job).
