@@ -30,20 +30,17 @@ def rss_mib() -> float:
 
 
 def run(jobs: int, spec_kib: int, store: str | None = None) -> dict[str, float]:
+    import pricing
     from broker.clock import ManualClock
     from broker.lifecycle import submit_jobs
     from broker.spec import parse_job_spec
     from providers.dryrun import DryRunProvider
     from providers.onprem import OnPremPool
-    from tests.broker.service_support import job_doc, make_app
+    from tests.broker.service_support import job_doc, make_app, write_inventory
 
     tmp = Path(tempfile.mkdtemp(prefix="hb-rss-"))
     clock = ManualClock()
     url = store or f"sqlite:///{tmp / 'broker.db'}"
-    import pricing
-
-    from tests.broker.service_support import write_inventory
-
     inventory = pricing.load_inventory(write_inventory(tmp))
     providers = {"onprem": OnPremPool(inventory, tmp / "data", clock=clock), "aws": DryRunProvider("aws", clock=clock)}
     app = make_app(tmp, url, providers=providers, clock=clock)

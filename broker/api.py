@@ -248,8 +248,8 @@ def readyz(request: Request, store: Annotated[Store, Depends(get_store)]) -> JSO
     return JSONResponse({"status": "ok" if ok else "not ready", "checks": checks}, status_code=200 if ok else 503)
 
 
-@router.get("/metrics", tags=["health"], response_class=PlainTextResponse)
-def metrics(request: Request) -> Response:
+@router.get("/metrics", tags=["health"], response_class=PlainTextResponse, responses={401: _ERR, 403: _ERR})
+def metrics(request: Request, _admin: Annotated[Principal, Depends(require_admin)]) -> Response:
     """Prometheus text exposition (jobs by state, queue wait and placement latency, provider errors)."""
     from broker.metrics import CONTENT_TYPE
 
@@ -484,6 +484,16 @@ def _resolve_priorities(classes: dict[str, Any], specs: list[Any], burst: bool) 
     return out
 
 
+def _refuse_raw_priority(specs: list[Any], burst: bool) -> None:
+    """A namespace token may lower its own jobs (``spec.priority`` <= 0) but not raise them: priorities above
+    0 come from PriorityClasses, which only an admin applies (issue 17: no tenant preempts another at will)."""
+    for i, spec in enumerate(specs):
+        if spec.priority is not None and spec.priority > 0 and not spec.priority_class_name:
+            raise SpecError(f"{f'[{i}].' if burst else ''}spec.priority",
+                            f"a namespace token cannot set priority {spec.priority} (> 0). To fix: use a "
+                            "priorityClassName an admin applied (broker policies apply), or drop spec.priority")
+
+
 def _key_reused() -> SpecError:
     return SpecError(
         "Idempotency-Key",
@@ -528,6 +538,7 @@ async def post_jobs(
     request: Request,
     ns: Annotated[str, Depends(require_namespace)],
     hb: Annotated[Any, Depends(get_state)],
+    principal: Annotated[Principal, Depends(current_principal)],
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> Response:
     """Submit one job spec (answer: the job) or a burst (answer: ``{"jobs": [...]}``, all or nothing).
@@ -555,6 +566,8 @@ async def post_jobs(
         if replay is None:
             raise
         return _json_response(replay[1], replay[0], {"Idempotent-Replayed": "true"})
+    if not principal.is_admin:
+        _refuse_raw_priority(sub.specs, sub.burst)
     try:
         status, response, replayed = await asyncio.wrap_future(
             hb.writer.submit(sub)

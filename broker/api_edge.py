@@ -15,6 +15,7 @@ The CA lives in ``<data dir>/ca`` (or next to ``BROKER_CA_KEY_FILE``); override 
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
@@ -43,8 +44,10 @@ def ca_dir_of(settings: Settings) -> Path:
 def get_ca(settings: Annotated[Settings, Depends(get_settings)]) -> pki.CertificateAuthority:
     try:
         return pki.CertificateAuthority.load(ca_dir_of(settings))
-    except pki.PkiError as exc:
-        raise HTTPException(status_code=503, detail=str(exc)) from None
+    except pki.PkiError as exc:  # the reason names paths of the data dir: logged, not told to the caller
+        logging.getLogger("broker.edge").warning("the edge CA is unusable: %s", exc)
+        raise HTTPException(status_code=503, detail="the edge CA of this broker is not set up. To fix: an admin "
+                                                    "runs `broker ca init` (see the server log)") from None
 
 
 class EnrollIn(BaseModel):

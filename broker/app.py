@@ -503,9 +503,10 @@ def create_app(
     app.state.hb = state
     _install_error_handlers(app)
     from broker.db_errors import install_store_error_handlers
-    from broker.limits import BodyLimitMiddleware
+    from broker.limits import BodyLimitMiddleware, install_input_error_handlers
 
     install_store_error_handlers(app)  # store outage: JSON 503 + Retry-After, logged once (issue 17)
+    install_input_error_handlers(app)  # too deeply nested / out-of-range input: 422, not 500
     app.add_middleware(_RefuseNulMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)  # every route (issue 17)
 

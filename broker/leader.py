@@ -10,10 +10,13 @@ Several ``broker serve`` replicas may share one PostgreSQL; only one of them may
   win the lock again on its next cycle.
 * **Fencing token.** Winning the lock increments ``leader_epochs.epoch`` (row ``scheduler``) in the same
   session; the new value is the term's fencing token. Every scheduler write transaction starts with
-  :meth:`Leadership.fence`: ``SELECT epoch ... FOR SHARE`` and a :class:`FencedOut` error when the stored
-  epoch is not this term's. The share lock makes a newer leader's increment wait until the older term's
-  transaction ended, and any later transaction of the older term sees the new epoch and is rolled back. So
-  no write of a deposed leader commits after its successor's term began, whatever the old process believes.
+  :meth:`Leadership.fence`: it takes the *shared* transaction-level advisory lock ``lock_id + 1`` and reads
+  the epoch, and raises :class:`FencedOut` when the stored epoch is not this term's. A new leader increments
+  the epoch while holding that lock *exclusively*, so the increment waits until every fenced transaction of
+  the older term has ended, and any later transaction of the older term sees the new epoch and is rolled
+  back. So no write of a deposed leader commits after its successor's term began, whatever the old process
+  believes. (An advisory lock, unlike ``SELECT ... FOR SHARE``, writes nothing: the fence is one cheap
+  round trip, see ``bench/leader_fencing.py``.)
 * **Takeover.** A new term (:attr:`Leadership.new_term`) makes the scheduler reconcile again
   (:meth:`broker.scheduler.Scheduler.reconcile`): it re-reads on-prem runs from the shared data directory,
   adopts instances found by their ``hb-request`` tag, and leaves PROVISIONING jobs whose launch the previous
@@ -87,12 +90,13 @@ class Leadership:
         if not self.store.is_postgres:
             return True
         if self._conn is not None:
-            return self.still_leads()
+            return self.still_leads(thorough=True)
         return self._acquire()
 
-    def still_leads(self) -> bool:
-        """True while the current term lasts (the lock is held by its session; never wins a new term).
-        True before :meth:`check` ever ran (a scheduler driven by hand)."""
+    def still_leads(self, *, thorough: bool = False) -> bool:
+        """True while the current term lasts (never wins a new term); True before :meth:`check` ever ran (a
+        scheduler driven by hand). The lock lives as long as its session, so by default this asks the session
+        to answer (``SELECT 1``, before every launch); ``thorough`` (every cycle) asks ``pg_locks`` too."""
         if not self.store.is_postgres or not self.engaged:
             return True
         if self._conn is not None:
@@ -100,7 +104,8 @@ class Leadership:
                 held = self._conn.execute(
                     sa.text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
                             "AND pid = pg_backend_pid() AND objsubid = 1 "
-                            "AND ((classid::bigint << 32) | objid::bigint) = :k"),
+                            "AND ((classid::bigint << 32) | objid::bigint) = :k") if thorough
+                    else sa.text("SELECT 1"),
                     {"k": self.lock_id},
                 ).scalar()
                 self._conn.commit()
@@ -123,6 +128,8 @@ class Leadership:
             if not got:
                 conn.close()
                 return False
+            # exclusive fence lock: waits for the fenced transactions of an older term to end (module docstring)
+            conn.execute(sa.text("SELECT pg_advisory_lock(:f)"), {"f": self.lock_id + 1})
             stmt = postgresql.insert(_epochs).values(
                 name=self.name, epoch=1, holder=self.holder, acquired_at=sa.func.now())
             epoch = conn.execute(
@@ -131,6 +138,8 @@ class Leadership:
                 .returning(_epochs.c.epoch)
             ).scalar_one()
             self.backend_pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+            conn.commit()
+            conn.execute(sa.text("SELECT pg_advisory_unlock(:f)"), {"f": self.lock_id + 1})
             conn.commit()
         except sa.exc.SQLAlchemyError as exc:
             log.warning("winning the scheduler leadership failed: %s", type(exc).__name__)
@@ -152,14 +161,16 @@ class Leadership:
                 pass
 
     def fence(self, session: Any) -> None:
-        """Raise :class:`FencedOut` unless this term's epoch is the stored one (share-locked until the
-        transaction of ``session`` ends). A no-op on SQLite, and before :meth:`check` ever ran (a scheduler
+        """Raise :class:`FencedOut` unless this term's epoch is the stored one (the fence lock is held shared
+        until the transaction of ``session`` ends). A no-op on SQLite, and before :meth:`check` ever ran (a scheduler
         driven by hand, as tests and benchmarks do, is not a replica)."""
         if not self.store.is_postgres or not self.engaged:
             return
         mine = self.epoch
         stored = session.execute(
-            sa.select(_epochs.c.epoch).where(_epochs.c.name == self.name).with_for_update(read=True)
+            sa.text("SELECT e.epoch FROM (SELECT pg_advisory_xact_lock_shared(:f)) AS fence, leader_epochs AS e "
+                    "WHERE e.name = :n"),
+            {"f": self.lock_id + 1, "n": self.name},
         ).scalar()
         if mine is None or stored != mine:
             raise FencedOut(f"scheduler write refused: this broker's leadership (epoch {mine}) ended; "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["BodyLimitMiddleware", "SMALL_LIMITS"]
+__all__ = ["BodyLimitMiddleware", "SMALL_LIMITS", "install_input_error_handlers"]
 
 SMALL_LIMITS: dict[str, int] = {"/v1/edge/enroll": 64 * 1024}
 
@@ -70,3 +70,21 @@ class BodyLimitMiddleware:
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
+
+
+def install_input_error_handlers(app: Any) -> None:
+    """422 (JSON) instead of a 500 for input the parsers cannot hold: a document nested too deeply
+    (``RecursionError`` in the JSON/YAML parser) or a number out of range (``OverflowError``, e.g.
+    ``?since=99999999d``)."""
+    from fastapi.responses import JSONResponse
+
+    async def _too_deep(_: Any, exc: Exception) -> Any:
+        return JSONResponse({"detail": "the request is nested too deeply to parse. To fix: flatten the document"},
+                            status_code=422)
+
+    async def _overflow(_: Any, exc: Exception) -> Any:
+        return JSONResponse({"detail": f"a value in the request is out of range ({exc}). To fix: use a smaller "
+                                       "value"}, status_code=422)
+
+    app.add_exception_handler(RecursionError, _too_deep)
+    app.add_exception_handler(OverflowError, _overflow)

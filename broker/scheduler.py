@@ -33,9 +33,12 @@ and logged at DEBUG:
 7. **requeue**: BACKOFF jobs whose delay has passed -> PENDING.
 
 The store is the truth: a restarted scheduler rebuilds everything from it, and :meth:`Scheduler.reconcile`
-(run once at start) adopts or terminates instances by their ``hb-job``/``hb-request`` tags, so nothing
-leaks. Rows are claimed with ``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL, and only the holder of
-the advisory lock :data:`LEADER_LOCK_ID` runs cycles, so several broker processes can share one database.
+(run at start and at every new leadership term) adopts or terminates instances by their
+``hb-job``/``hb-request`` tags, so nothing leaks. Rows are claimed with ``SELECT ... FOR UPDATE SKIP LOCKED``
+on PostgreSQL, and only the holder of the advisory lock :data:`LEADER_LOCK_ID` runs cycles, so several broker
+processes can share one database. Leadership is fenced (:mod:`broker.leader`): the lock is checked at every
+cycle and before every launch, and every write transaction of the scheduler (:meth:`Scheduler._tx`) is
+refused once another replica's term has begun.
 """
 
 from __future__ import annotations
@@ -253,6 +256,13 @@ def _preempted_request_id(job_id: str, retries: int, previous: str | None) -> st
     base = f"{job_id}-r{retries}"
     n = int(previous[len(base):]) + 1 if previous and _is_after_preemption(previous, base) else 1
     return f"{base}{n:04d}"
+
+
+def _victims(job: QueuedJob, stopped: list[dict[str, Any]]) -> str:
+    """The preempted jobs as the preemptor's event names them: ids of its own namespace only."""
+    own = [v["row"].id for v in stopped if v["row"].namespace == job.namespace]
+    others = len(stopped) - len(own)
+    return ", ".join(own + ([f"{others} job(s) of other namespaces"] if others else []))
 
 
 def _estimate_usd(placement_json: str | None) -> float:
@@ -1100,12 +1110,15 @@ class Scheduler:
                 f["memory_gib"] += float(row.memory_gib)
                 f["gpus"] += float(row.gpus)
             taken.add(row.id)
+            # a victim's event never names another namespace's job (issue 17)
+            by = f"{job.id} ({job.name}, " if row.namespace == job.namespace else "a job of another namespace ("
             reason = (
-                f"{PREEMPTED_BY} {job.id} ({job.name}, priority {job.priority} > {target.priority}) on {host}: "
+                f"{PREEMPTED_BY} {by}priority {job.priority} > {target.priority}) on {host}: "
                 f"stopped with SIGTERM and a grace period to write its checkpoint; "
                 f"{target.work_lost_seconds:.0f} s of work since its last checkpoint at risk; requeued"
             )
-            stopped.append({"row": row, "reason": reason, "target": target, "by": job.id})
+            stopped.append({"row": row, "reason": reason, "target": target,
+                            "by": job.id if row.namespace == job.namespace else None})
             log.info("job %s preempted by %s on %s", row.id, job.id, host)
         return stopped
 
@@ -1131,7 +1144,7 @@ class Scheduler:
                         preempted.extend(stopped)
                         result, options, why = self._choose(job, snapshot)
                         if options:
-                            why = f"{why} after preempting {', '.join(v['row'].id for v in stopped)}"
+                            why = f"{why} after preempting {_victims(job, stopped)}"
             except Exception as exc:  # noqa: BLE001 - one bad job must not stop the queue
                 log.exception("placement of %s failed", job.id)
                 fails.append((job.id, f"placement failed: {exc}"))
@@ -1476,7 +1489,12 @@ class Scheduler:
     # ------------------------------------------------------------------------------ reconciliation
 
     def reconcile(self) -> dict[str, int]:
-        """Adopt or terminate provider instances by tag, once at start (see the module docstring).
+        """Adopt or terminate provider instances by tag, at start and on every takeover (module docstring).
+
+        Providers with ``adopt()`` (the on-prem pool) first re-read runs another broker process started. On
+        PostgreSQL a PROVISIONING job without instances entered that state less than
+        :data:`broker.leader.TAKEOVER_GRACE_SECONDS` ago is left alone (its launch by the previous leader
+        may still land) and reconcile runs again next cycle.
 
         Returns counts: ``adopted`` (PROVISIONING jobs whose launch did happen), ``requeued`` (active jobs
         whose instances are gone), ``terminated`` (instances of no active job).

@@ -146,6 +146,9 @@ def parse_quantity(value: object, field: str) -> float:
 def parse_cpu(value: object, field: str) -> float:
     """CPU cores from a quantity (``"500m"`` -> 0.5)."""
     cores = parse_quantity(value, field)
+    if 0 < cores < 0.001:
+        raise SpecError(field, f"{value!r} is less than the smallest CPU request (1m = 0.001). To fix: ask "
+                               "for at least 1m, or 0")
     if cores > MAX_VCPUS:
         raise SpecError(field, f"{value!r} asks for {cores:g} vCPUs; the most a job may ask is {MAX_VCPUS:g}")
     return cores
@@ -354,6 +357,8 @@ def _str(value: object, field: str, *, max_len: int = 1024) -> str:
         raise SpecError(field, f"expected a string, got {type(value).__name__}")
     if len(value) > max_len:
         raise SpecError(field, f"longer than {max_len} characters")
+    if "\x00" in value:
+        raise SpecError(field, "contains a NUL character, which no store or process accepts. To fix: remove it")
     return value
 
 
@@ -506,8 +511,10 @@ def parse_job_spec(
     labels_raw = _mapping(meta.get("labels"), f"{p}metadata.labels")
     if len(labels_raw) > 64:
         raise SpecError(f"{p}metadata.labels", "more than 64 labels")
-    labels = {k: _str(v, f"{p}metadata.labels.{k}", max_len=253) if not isinstance(v, int | float | bool)
-              else str(v).lower() if isinstance(v, bool) else str(v) for k, v in labels_raw.items()}
+    labels = {_str(k, f"{p}metadata.labels", max_len=317):
+              _str(v, f"{p}metadata.labels.{k}", max_len=63) if not isinstance(v, int | float | bool)
+              else _str(str(v).lower() if isinstance(v, bool) else str(v), f"{p}metadata.labels.{k}", max_len=63)
+              for k, v in labels_raw.items()}
 
     if "spec" not in top:
         raise SpecError(f"{p}spec", "required")
@@ -521,7 +528,9 @@ def parse_job_spec(
     for k, v in env_raw.items():
         if isinstance(v, Mapping | list):
             raise SpecError(f"{sp}.env.{k}", "environment values must be strings or numbers")
-        env[k] = "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+        _str(k, f"{sp}.env", max_len=1024)
+        env[k] = _str("" if v is None else str(v).lower() if isinstance(v, bool) else str(v), f"{sp}.env.{k}",
+                      max_len=MAX_DOCUMENT_BYTES)
     workdir = _str(spec["workingDir"], f"{sp}.workingDir") if spec.get("workingDir") is not None else None
 
     resources = _mapping(spec.get("resources"), f"{sp}.resources", _RESOURCES_KEYS)

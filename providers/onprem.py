@@ -186,6 +186,8 @@ class OnPremPool:
             self._hosts = [LocalHost(memory_gib=round(_mem_total_gib(), 2))]
         self._by_host = {h.name: h for h in self._hosts}
         self.sandbox = sandbox if isinstance(sandbox, Sandbox) else Sandbox(sandbox)
+        if self.sandbox.mode == "user" and not self.sandbox.can_switch and any(h.local for h in self._hosts):
+            self.sandbox.user_for("")  # raises: mode user cannot run work without root (refuse to start)
         self.runs_dir = Path(data_dir) / "runs"
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         if self.sandbox.drops_privileges:
@@ -449,6 +451,9 @@ class OnPremPool:
 
     def _rec(self, instance_id: str) -> dict[str, Any]:
         rec = self._runs.get(instance_id)
+        if rec is None and "/" not in instance_id and (self.runs_dir / instance_id / "run.json").exists():
+            # started by another broker process on this data dir (the leader), or ended and forgotten
+            rec = self._load(self.runs_dir / instance_id / "run.json", keep=False)
         if rec is None:
             raise NotFoundError(f"onprem: no run {instance_id!r}. To fix: list runs with instances().")
         return rec
@@ -504,7 +509,10 @@ class OnPremPool:
         return self.instance(instance_id)
 
     def terminate(self, ids: Sequence[str], request_id: str) -> None:
-        """Stop each run (SIGTERM, grace, SIGKILL) and mark it terminated; unknown ids are ignored."""
+        """Stop each run (SIGTERM, grace, SIGKILL) and mark it terminated; unknown ids are ignored. Runs another
+        broker process started on this data dir are adopted first (a cancel through a non-leader replica)."""
+        if any(iid not in self._runs for iid in ids):
+            self.adopt()
         for iid in ids:
             with self._lock:
                 rec = self._runs.get(iid)
@@ -514,6 +522,9 @@ class OnPremPool:
             with self._lock:
                 rec["terminated"] = True
                 self._save(iid, rec)
+                if not self._alive(iid, rec):  # ended for good: its record stays on disk, not in memory
+                    self._runs.pop(iid, None)
+                    self._procs.pop(iid, None)
 
     def poll_errors(self) -> list[ProviderError]:
         with self._lock:
@@ -540,16 +551,23 @@ class OnPremPool:
 
     def _adopt(self) -> int:
         """Load every ``runs/*/run.json`` not known yet, so live runs keep their capacity and ended ones report
-        their exit. An intent without a pid is resolved here (module docstring: launch order)."""
+        their exit (runs terminated and ended are left on disk: :meth:`_rec` reads one when asked). An intent
+        without a pid is resolved here (module docstring: launch order)."""
         new = 0
         for path in sorted(self.runs_dir.glob("*/run.json")):
-            if path.parent.name in self._runs:
-                continue
-            try:
-                rec = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if rec.get("host") not in self._by_host:
+            if path.parent.name not in self._runs and self._load(path, keep=True) is not None:
+                new += 1
+        return new
+
+    def _load(self, path: Path, *, keep: bool) -> dict[str, Any] | None:
+        """The run of ``path`` (resolving an intent without a pid); kept in memory unless it was terminated
+        and has ended (``keep`` False: always returned, kept only while it runs)."""
+        try:
+            rec: dict[str, Any] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        if rec.get("host") not in self._by_host:
+            if keep:
                 self._errors.append(
                     ProviderError(
                         f"onprem: run {rec.get('id')} is on host {rec.get('host')!r}, which is no longer in "
@@ -557,14 +575,16 @@ class OnPremPool:
                         provider=self.name,
                     )
                 )
-                continue
-            if not rec.get("simulated") and not rec.get("pid") and not rec.get("never_started"):
-                pid = _find_runner(path.parent)
-                if pid is not None:
-                    rec["pid"], rec["start_ticks"] = pid, _proc_start_ticks(pid)
-                elif self._exit(rec["id"]) is None:
-                    rec["never_started"] = True
-                self._save(rec["id"], rec)
+            return None
+        if not rec.get("simulated") and not rec.get("pid") and not rec.get("never_started"):
+            pid = _find_runner(path.parent)
+            if pid is not None:
+                rec["pid"], rec["start_ticks"] = pid, _proc_start_ticks(pid)
+            elif self._exit(rec["id"]) is None:
+                rec["never_started"] = True
+            self._save(rec["id"], rec)
+        if not (rec.get("terminated") and self._ended(rec["id"], rec)):
             self._runs[rec["id"]] = rec
-            new += 1
-        return new
+        elif keep:
+            return None
+        return rec

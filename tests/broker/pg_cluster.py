@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import glob
 import os
+import secrets
 import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -20,6 +22,17 @@ from tests.broker.service_support import free_port
 def _bindir() -> Path | None:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     return Path(found[-1]).parent if found else None
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PgCluster]:
+    """One private cluster for the session (tests restart or stop it; each uses its own database)."""
+    pg = PgCluster()
+    pg.start()
+    try:
+        yield pg
+    finally:
+        pg.destroy()
 
 
 class PgCluster:
@@ -41,8 +54,8 @@ class PgCluster:
         subprocess.run(["runuser", "-u", "postgres", "--", *argv], check=True, capture_output=True, timeout=60)
 
     def start(self) -> None:
-        opts = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} -c fsync=off "
-                "-c synchronous_commit=off -c full_page_writes=off")
+        opts = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} -c fsync=off"
+                " -c full_page_writes=off")  # a crash (stop -m immediate) keeps every commit: the OS has it
         self._as_pg([str(self.bin / "pg_ctl"), "-D", str(self.dir / "data"), "-l", str(self.dir / "server.log"),
                      "-w", "-o", opts, "start"])
 
@@ -52,6 +65,12 @@ class PgCluster:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+    def new_database(self) -> str:
+        """A fresh database of the cluster; returns its SQLAlchemy URL."""
+        name = f"hb_{secrets.token_hex(4)}"
+        self.execute(f'CREATE DATABASE "{name}"')
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{name}"
 
     def execute(self, sql: str) -> list[tuple]:
         with psycopg.connect(f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres", autocommit=True,

@@ -34,5 +34,6 @@ def test_rss_after_400_finished_100_kib_jobs_stays_within_50_mib_of_the_start() 
                           capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     fields = dict(kv.split("=") for kv in done.stdout.strip().splitlines()[-1].split()[1:])
-    assert float(fields["growth_mib"]) < 50, fields
+    # 10,000 jobs stay within 50 MiB (bench); 400 within 30 MiB here (the unbounded cache grew ~52 MiB)
+    assert float(fields["growth_mib"]) < 30, fields
     assert int(fields["cache_entries"]) == 0, "every job ended, so no parsed spec is kept"

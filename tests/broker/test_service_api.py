@@ -251,7 +251,9 @@ def test_catalog_offers_are_filtered_and_cheapest_first(client: httpx.Client) ->
 def test_metrics_expose_jobs_by_state(client: httpx.Client) -> None:
     ns, h = _tenant(client)
     client.post(f"/v1/namespaces/{ns}/jobs", json=[job_doc("m-1"), job_doc("m-2")], headers=h)
-    text = client.get("/metrics").text
+    assert client.get("/metrics").status_code == 401, "namespaces and their counts are for admins only"
+    assert client.get("/metrics", headers=h).status_code == 403
+    text = client.get("/metrics", headers=ADMIN_H).text
     assert f'hb_jobs{{namespace="{ns}",state="PENDING"}} 2.0' in text
     assert "hb_placement_latency_seconds_bucket" in text and "hb_queue_wait_seconds_bucket" in text
 

@@ -338,9 +338,13 @@ def test_without_root_mode_user_refuses_to_run_work(tmp_path: Path, monkeypatch:
 
     sandbox = Sandbox("user")
     sandbox.can_switch = False  # as a broker not started as root sees it
-    pool = OnPremPool(INV, tmp_path, sandbox=sandbox)
     with pytest.raises(InvalidRequestError, match="needs the broker to run as root"):
-        pool.launch(local_offer(), 1, "req-nr", tags={}, job=make_job(command=("true",)))
+        OnPremPool(INV, tmp_path, sandbox=sandbox)  # broker serve refuses to start, saying why
+    auto = Sandbox("auto")
+    auto.can_switch = False
+    pool = OnPremPool(INV, tmp_path, sandbox=auto)  # auto: one warning, jobs run as the broker's user
+    [inst] = pool.launch(local_offer(), 1, "req-nr", tags={}, job=make_job(command=("true",)))
+    assert wait_ended(pool, inst.id).state is InstanceState.SUCCEEDED
 
 
 # --- issue 17: a broker killed during dispatch never runs a job twice -----------------------------------
@@ -403,3 +407,18 @@ def test_adopt_picks_up_runs_another_broker_process_started(tmp_path: Path) -> N
     assert second.free()["localhost"]["vcpus"] == 3
     second.terminate([inst.id], "stop")
     assert first.instance(inst.id).state is not InstanceState.RUNNING
+
+
+def test_ended_and_terminated_runs_leave_memory_but_stay_readable(tmp_path: Path) -> None:
+    pool = OnPremPool(INV, tmp_path)
+    ids = []
+    for i in range(6):  # more runs than the host holds at once: each ends and is terminated, as step 6 does
+        [inst] = pool.launch(local_offer(), 1, f"req-m{i}", tags={TAG_JOB: f"job-m{i}"},
+                             job=make_job(command=("sh", "-c", f"echo run-{i}")))
+        wait_ended(pool, inst.id)
+        pool.terminate([inst.id], "done")
+        ids.append(inst.id)
+    assert pool.instances() == [] and not pool._runs and not pool._procs, "memory holds only what may still run"
+    assert pool.instance(ids[3]).state is InstanceState.TERMINATED
+    assert pool.logs(ids[3])[0].read_text() == "run-3\n"
+    assert OnPremPool(INV, tmp_path).instances() == [], "a restarted pool does not load them either"

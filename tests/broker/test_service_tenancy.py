@@ -1,0 +1,85 @@
+"""Issue 17, tenants and replicas: a namespace token cannot raise its priority, a preemption never names
+another namespace's job, and cancel / logs through a replica that is not the scheduler leader act on the
+run the leader started (two apps on one store and one data directory; real uvicorn; SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+
+from broker.model import InstanceState
+from tests.broker.service_support import ADMIN_H, job_doc, make_app, serve_in_thread
+
+
+def _tenant(client: httpx.Client, ns: str) -> dict[str, str]:
+    assert client.post("/v1/namespaces", json={"name": ns}, headers=ADMIN_H).status_code == 201
+    r = client.post(f"/v1/namespaces/{ns}/tokens", headers=ADMIN_H)
+    assert r.status_code == 201, r.text
+    return {"Authorization": f"Bearer {r.json()['token']}"}
+
+
+def _cycles_until(app, client: httpx.Client, ns: str, job_id: str, states: set[str], seconds: float = 20) -> dict:
+    deadline = time.monotonic() + seconds
+    while True:
+        app.state.hb.scheduler.run_cycle()
+        job = client.get(f"/v1/namespaces/{ns}/jobs/{job_id}", headers=ADMIN_H).json()
+        if job["state"] in states or time.monotonic() > deadline:
+            return job
+        time.sleep(0.05)
+
+
+def test_a_tenant_cannot_raise_its_priority_and_a_preemption_never_names_another_namespace(tmp_path: Path) -> None:
+    app = make_app(tmp_path, f"sqlite:///{tmp_path / 'broker.db'}")
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        a_h, b_h = _tenant(client, "team-a"), _tenant(client, "team-b")
+        big = client.post("/v1/namespaces/team-b/jobs", headers=b_h,
+                          json=job_doc("greedy", providers=["onprem"], priority=1_000_000_000))
+        assert big.status_code == 422 and big.json()["field"] == "spec.priority", big.text
+        assert "priorityClassName" in big.json()["detail"]
+        lower = client.post("/v1/namespaces/team-b/jobs", headers=b_h, json=job_doc("nice", priority=-5))
+        assert lower.status_code == 201, "lowering one's own priority is allowed"
+        client.delete(f"/v1/namespaces/team-b/jobs/{lower.json()['id']}", headers=b_h)
+        # an admin-granted class still preempts across namespaces; the victim learns nothing of who
+        applied = client.post("/v1/policies:apply", headers=ADMIN_H | {"Content-Type": "application/yaml"},
+                              content="apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\n"
+                                      "metadata: {name: urgent}\nvalue: 1000\n")
+        assert applied.status_code == 200, applied.text
+        victim = client.post("/v1/namespaces/team-a/jobs", headers=a_h,
+                             json=job_doc("victim", cpu="2", providers=["onprem"], command=["sleep", "30"])).json()
+        assert _cycles_until(app, client, "team-a", victim["id"], {"RUNNING"})["state"] == "RUNNING"
+        urgent = client.post("/v1/namespaces/team-b/jobs", headers=b_h,
+                             json=job_doc("secret-project", cpu="2", providers=["onprem"], command=["true"],
+                                          priorityClassName="urgent"))
+        assert urgent.status_code == 201, urgent.text
+        app.state.hb.scheduler.run_cycle()
+        seen = client.get(f"/v1/namespaces/team-a/jobs/{victim['id']}", headers=a_h).json()
+        requeue = next(e for e in seen["events"] if e["from"] == "RUNNING" and e["to"] == "PENDING")
+        assert requeue["reason"].startswith("Preempted by a job of another namespace (priority 1000 > 0)")
+        text = str(seen)
+        assert urgent.json()["id"] not in text and "secret-project" not in text
+        pool = app.state.hb.providers["onprem"]
+        for inst in pool.instances():
+            pool.signal(inst.id, 9)
+
+
+def test_cancel_and_logs_through_a_replica_that_is_not_the_leader(tmp_path: Path, store_url: str) -> None:
+    leader, replica = make_app(tmp_path, store_url), make_app(tmp_path, store_url)
+    with serve_in_thread(replica) as url, httpx.Client(base_url=url, headers=ADMIN_H, timeout=30) as client:
+        job = client.post("/v1/namespaces/default/jobs", json=job_doc(
+            "long", providers=["onprem"], command=["sh", "-c", "echo hello-from-the-leader; sleep 30"])).json()
+        running = _cycles_until(leader, client, "default", job["id"], {"RUNNING"})
+        assert running["state"] == "RUNNING"
+        (iid,) = [i["id"] for i in running["instances"]]
+        out = leader.state.hb.providers["onprem"].logs(iid)[0]
+        deadline = time.monotonic() + 10
+        while not out.exists() or not out.read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        logs = client.get(f"/v1/namespaces/default/jobs/{job['id']}/logs")
+        assert (logs.status_code, logs.text) == (200, "hello-from-the-leader\n")
+        cancelled = client.delete(f"/v1/namespaces/default/jobs/{job['id']}")
+        assert cancelled.status_code == 200 and cancelled.json()["state"] == "CANCELLED"
+    # the run the leader started is really stopped, not just marked
+    assert leader.state.hb.providers["onprem"].instance(iid).state is not InstanceState.RUNNING
