@@ -164,3 +164,28 @@ def metric_history(name: str, _: Annotated[Principal, Depends(current_principal)
     return {"name": name, "series": [
         {"labels": dict(s.labels), "points": [[float(t), float(v)] for t, v in zip(s.t_seconds, s.values, strict=True)]}
         for s in series]}
+
+
+# -- heartbeats --------------------------------------------------------------------------------------------
+
+@router.post("/v1/ops/heartbeats/{kind}/{name}", summary="A host's (or device's) heartbeat")
+def post_heartbeat(kind: str, name: str, _: Annotated[Principal, Depends(require_admin)],
+                   hb: Annotated[Any, Depends(get_state)]) -> dict[str, Any]:
+    from broker.ops.health import record_heartbeat
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", name):
+        raise HTTPException(status_code=422, detail="name: letters, digits, '.', '_', ':' or '-' (1..128)")
+    try:
+        with hb.store.tx() as session:
+            return record_heartbeat(session, kind, name, hb.clock.now())
+    except SpecError as exc:
+        raise _bad(exc) from None
+
+
+@router.get("/v1/ops/heartbeats", summary="Hosts and their last heartbeat, status and fencing epoch")
+def get_heartbeats(_: Annotated[Principal, Depends(current_principal)],
+                   hb: Annotated[Any, Depends(get_state)]) -> dict[str, Any]:
+    from broker.ops.health import list_heartbeats
+
+    with hb.store.read() as session:
+        return {"items": list_heartbeats(session)}

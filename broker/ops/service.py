@@ -6,7 +6,8 @@ Each cycle: the collector (gauges; samples every ``BROKER_OPS_SAMPLE_SECONDS``, 
 (heartbeats, probes) and the pool autoscaler run when they are configured. Everything reads the app's
 clock, so tests and trace replays run in simulated time.
 
-Environment: ``BROKER_ALERT_WEBHOOK_URL`` and ``BROKER_ALERT_WEBHOOK_SECRET`` (both, or neither).
+Environment: ``BROKER_ALERT_WEBHOOK_URL`` and ``BROKER_ALERT_WEBHOOK_SECRET`` (both, or neither);
+``BROKER_HEARTBEAT_TIMEOUT_SECONDS`` (default 60): silence after which a host or device is lost.
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ class OpsService:
                 log.error("alert webhook not configured: set both BROKER_ALERT_WEBHOOK_URL and _SECRET")
         self.alerts = AlertEngine(state.store, state.clock, metrics=state.metrics, webhook=webhook)
         self.alert_interval_seconds = _float_env("BROKER_ALERT_EVAL_SECONDS", 60.0)
-        self.health: Any = None  # broker.ops.health.HealthMonitor, when installed
+        from broker.ops.health import HealthMonitor
+
+        self.health: Any = HealthMonitor(
+            state, heartbeat_timeout_seconds=_float_env("BROKER_HEARTBEAT_TIMEOUT_SECONDS", 60.0))
         self.autoscaler: Any = None  # broker.ops.autoscale.PoolAutoscaler, when installed
         self._last_eval: datetime | None = None
 
