@@ -189,3 +189,40 @@ def get_heartbeats(_: Annotated[Principal, Depends(current_principal)],
 
     with hb.store.read() as session:
         return {"items": list_heartbeats(session)}
+
+
+# -- pools and recommendations -----------------------------------------------------------------------------
+
+@router.put("/v1/ops/pools/{name}", summary="Create or change a broker-owned elastic pool (kind: Pool, YAML or JSON)")
+async def put_pool(name: str, request: Request, _: Annotated[Principal, Depends(require_admin)],
+                   hb: Annotated[Any, Depends(get_state)]) -> dict[str, Any]:
+    import yaml
+
+    from broker.ops.autoscale import put_pool as store_pool
+
+    if not _NAME.match(name):
+        raise HTTPException(status_code=422, detail="name: lower-case letters, digits and '-', at most 63")
+    body = await request.body()
+    try:
+        doc = yaml.safe_load(body.decode("utf-8")) if body else None
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise HTTPException(status_code=422, detail=f"the body is not a YAML or JSON document: {exc}") from None
+
+    def store() -> Any:
+        with hb.store.tx() as session:
+            return store_pool(session, name, doc, hb.clock.now())
+
+    try:
+        spec = await run_in_threadpool(store)
+    except SpecError as exc:
+        raise _bad(exc) from None
+    return {"name": spec.name, "min_replicas": spec.policy.min_replicas, "max_replicas": spec.policy.max_replicas}
+
+
+@router.get("/v1/ops/pools", summary="Broker-owned pools, their instances and last scaling decision")
+def get_pools(_: Annotated[Principal, Depends(current_principal)],
+              hb: Annotated[Any, Depends(get_state)]) -> dict[str, Any]:
+    from broker.ops.autoscale import list_pools
+
+    with hb.store.read() as session:
+        return {"items": list_pools(session)}

@@ -3,7 +3,7 @@ the scheduler (one call per cycle, after step 7).
 
 Each cycle: the collector (gauges; samples every ``BROKER_OPS_SAMPLE_SECONDS``, default 60); every
 ``BROKER_ALERT_EVAL_SECONDS`` (default 60) the alert engine evaluates and delivers; the health monitor
-(heartbeats, probes) and the pool autoscaler run when they are configured. Everything reads the app's
+(heartbeats, probes) and the pool autoscaler (the stored pools) run every cycle. Everything reads the app's
 clock, so tests and trace replays run in simulated time.
 
 Environment: ``BROKER_ALERT_WEBHOOK_URL`` and ``BROKER_ALERT_WEBHOOK_SECRET`` (both, or neither);
@@ -55,7 +55,10 @@ class OpsService:
 
         self.health: Any = HealthMonitor(
             state, heartbeat_timeout_seconds=_float_env("BROKER_HEARTBEAT_TIMEOUT_SECONDS", 60.0))
-        self.autoscaler: Any = None  # broker.ops.autoscale.PoolAutoscaler, when installed
+        from broker.ops.autoscale import PoolAutoscaler
+
+        self.autoscaler: Any = PoolAutoscaler(state)
+        self.collector.extra.append(self.autoscaler.samples)
         self._last_eval: datetime | None = None
 
     def __call__(self, now: datetime) -> None:
