@@ -226,3 +226,18 @@ def get_pools(_: Annotated[Principal, Depends(current_principal)],
 
     with hb.store.read() as session:
         return {"items": list_pools(session)}
+
+
+@router.get("/v1/ops/recommendations", summary="VPA requests from measured usage, idle pools, spot candidates")
+def get_recommendations(principal: Annotated[Principal, Depends(current_principal)],
+                        hb: Annotated[Any, Depends(get_state)],
+                        days: Annotated[float, Query(gt=0, le=365)] = 7.0) -> dict[str, Any]:
+    import dataclasses
+
+    from broker.ops.vpa import planning_report
+
+    with hb.store.read() as session:
+        recs = planning_report(session, hb.clock.now(), window_days=days)
+    if not principal.is_admin:
+        recs = [r for r in recs if r.namespace == principal.namespace]
+    return {"items": [dataclasses.asdict(r) for r in recs]}

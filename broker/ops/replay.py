@@ -129,6 +129,20 @@ def synthetic_trace(n: int, *, start: datetime, days: float = 1.0, namespaces: S
     return out
 
 
+def _replay_cloud(name: str, clock: Any) -> Any:
+    """A :class:`providers.dryrun.DryRunProvider` that forgets a run once it is terminated: the scheduler
+    lists instances every cycle, and a replay of 10,000 jobs must not list every run it ever made."""
+    from providers.dryrun import DryRunProvider
+
+    class ReplayCloud(DryRunProvider):
+        def terminate(self, ids: Sequence[str], request_id: str) -> None:
+            with self._lock:
+                for iid in ids:
+                    self._runs.pop(iid, None)
+
+    return ReplayCloud(name, clock=clock)
+
+
 def _simulated(inventory: Any) -> Any:
     hosts = tuple(dataclasses.replace(h, local=False) for h in inventory.hosts)
     return dataclasses.replace(inventory, hosts=hosts)
@@ -146,7 +160,6 @@ def replay(trace: Sequence[TraceJob], *, inventory: str | Path | None = None, po
     from broker.config import load_settings
     from broker.lifecycle import submit_jobs
     from broker.spec import parse_job_spec
-    from providers.dryrun import DryRunProvider
     from providers.onprem import OnPremPool
 
     wall = time.perf_counter()
@@ -169,7 +182,7 @@ def replay(trace: Sequence[TraceJob], *, inventory: str | Path | None = None, po
                 if inv is not None:
                     provs[name] = OnPremPool(inv, settings.data_dir, clock=clock)
             else:
-                provs[name] = DryRunProvider(name, clock=clock)
+                provs[name] = _replay_cloud(name, clock)
         cat = catalog if catalog is not None else pricing.load_catalog(None)
         egress = pricing.load_egress(None, sites=inv.sites if inv is not None else ())
         app = create_app(settings, clock=clock, providers=provs, catalog=cat, egress=egress)

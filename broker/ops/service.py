@@ -60,12 +60,18 @@ class OpsService:
         self.autoscaler: Any = PoolAutoscaler(state)
         self.collector.extra.append(self.autoscaler.samples)
         self._last_eval: datetime | None = None
+        self._usage_since: datetime | None = None
 
     def __call__(self, now: datetime) -> None:
         if self.health is not None:
             self.health.check(now)
         if self.autoscaler is not None:
             self.autoscaler.reconcile(now)
+        if self._usage_since is not None:
+            from broker.ops.vpa import collect_onprem_usage
+
+            collect_onprem_usage(self.state, self._usage_since, now)
+        self._usage_since = now
         self.collector(now)
         if self._last_eval is None or (now - self._last_eval).total_seconds() >= self.alert_interval_seconds:
             self.alerts.evaluate(now)
