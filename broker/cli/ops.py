@@ -1,4 +1,4 @@
-"""``broker alerts ...``, ``broker history ...`` and ``broker pools ...``: fleet operations from the
+"""``broker alerts ...``, ``broker history ...``, ``broker pools list`` and ``broker recommendations``: fleet operations from the
 command line, over the API (``BROKER_URL`` with ``BROKER_TOKEN``, see :mod:`broker.client`).
 
 Errors print one line on stderr and exit non-zero (2: invalid input, 1: anything else).
@@ -15,7 +15,7 @@ import typer
 
 from broker.errors import SpecError
 
-__all__ = ["register", "alerts_app", "history", "pools_app"]
+__all__ = ["register", "alerts_app", "history", "pools_app", "recommendations"]
 
 alerts_app = typer.Typer(name="alerts", help="Alerts and alert rules.", no_args_is_help=True)
 pools_app = typer.Typer(name="pools", help="Broker-owned elastic pools.", no_args_is_help=True)
@@ -138,8 +138,27 @@ def pools_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> None
     Console(width=200).print(table)
 
 
+def recommendations(
+    days: Annotated[float, typer.Option(help="look back this many days")] = 7.0,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Over-requested resources (VPA, from measured usage), idle pools and spot candidates."""
+    if days <= 0:
+        raise SpecError("--days", "must be > 0")
+    with _client() as c:
+        items = c._json("GET", "/v1/ops/recommendations", params={"days": days})["items"]
+    if as_json:
+        print(json.dumps(items, indent=2))
+        return
+    for r in items:
+        print(f"[{r['kind']}] {r['namespace']}: {r['message']}")
+    if not items:
+        print("no recommendations")
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the root app."""
     app.add_typer(alerts_app)
     app.add_typer(pools_app)
     app.command("history")(history)
+    app.command("recommendations")(recommendations)
