@@ -210,7 +210,7 @@ async def put_pool(name: str, request: Request, _: Annotated[Principal, Depends(
 
     def store() -> Any:
         with hb.store.tx() as session:
-            return store_pool(session, name, doc, hb.clock.now())
+            return store_pool(session, name, doc, hb.clock.now())  # type: ignore[arg-type]
 
     try:
         spec = await run_in_threadpool(store)

@@ -91,7 +91,8 @@ def metric_replicas(current: int, m: MetricValue, policy: ScalePolicy) -> tuple[
         if current == 0:
             return 0, f"{m.name}: no ready replicas"
         if policy.scale_in_utilization < u < policy.scale_out_utilization:
-            return current, f"{m.name} {u:.0%} within {policy.scale_in_utilization:.0%}..{policy.scale_out_utilization:.0%}"
+            band = f"{policy.scale_in_utilization:.0%}..{policy.scale_out_utilization:.0%}"
+            return current, f"{m.name} {u:.0%} within {band}"
         want = math.ceil(current * u / policy.target - 1e-9)
         return want, f"{m.name} {u:.0%} vs target {policy.target:.0%}"
     if m.target <= 0:

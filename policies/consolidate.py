@@ -7,9 +7,9 @@ For each instance (cheapest to disrupt first: fewest jobs, then lowest utilizati
 * else **replace** when its jobs fit on one cheaper offer from ``offers`` (the cheapest that fits).
 
 A planned move takes the free capacity it uses, so later decisions see it; an instance that received
-moved jobs is not disrupted itself, and one being replaced receives none. Instances with a job marked ``do_not_disrupt`` (Karpenter's
-``karpenter.sh/do-not-disrupt``) stay. Pure function of values; carrying the plan out (checkpoint,
-requeue, terminate) is the broker's job.
+moved jobs is not disrupted itself, and one being replaced receives none. Instances with a job marked
+``do_not_disrupt`` (Karpenter's ``karpenter.sh/do-not-disrupt``) stay. Pure function of values; carrying
+the plan out (checkpoint, requeue, terminate) is the broker's job.
 """
 
 from __future__ import annotations

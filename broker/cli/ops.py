@@ -1,5 +1,5 @@
-"""``broker alerts ...``, ``broker history ...``, ``broker pools list`` and ``broker recommendations``: fleet operations from the
-command line, over the API (``BROKER_URL`` with ``BROKER_TOKEN``, see :mod:`broker.client`).
+"""``broker alerts ...``, ``broker history ...``, ``broker pools list`` and ``broker recommendations``:
+fleet operations from the command line, over the API (``BROKER_URL`` with ``BROKER_TOKEN``, see :mod:`broker.client`).
 
 Errors print one line on stderr and exit non-zero (2: invalid input, 1: anything else).
 """

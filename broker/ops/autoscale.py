@@ -97,7 +97,8 @@ def _num(d: Mapping[str, Any], key: str, where: str, default: float | None, lo: 
 def _str(d: Mapping[str, Any], key: str, where: str, required: bool = True) -> str:
     v = d.get(key, "" if not required else None)
     if not isinstance(v, str) or (required and not v) or len(v) > 128:
-        raise SpecError(f"{where}.{key}", "required: a string of 1..128 characters" if required else "expected a string")
+        raise SpecError(f"{where}.{key}",
+                        "required: a string of 1..128 characters" if required else "expected a string")
     return v
 
 

@@ -82,7 +82,8 @@ def daily_trace(days: int, *, base_per_hour: float = 20.0, peak_per_hour: float 
     lam_max = max(base_per_hour, peak_per_hour) / 3600.0
     n = rng.poisson(lam_max * horizon)
     t = np.sort(rng.uniform(0.0, horizon, n))
-    keep = rng.uniform(0.0, 1.0, n) < np.array([load_curve(x, base_per_hour, peak_per_hour) for x in t]) / 3600.0 / lam_max
+    rate = np.array([load_curve(x, base_per_hour, peak_per_hour) for x in t]) / 3600.0
+    keep = rng.uniform(0.0, 1.0, n) < rate / lam_max
     return t[keep]
 
 

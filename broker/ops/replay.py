@@ -148,8 +148,9 @@ def _simulated(inventory: Any) -> Any:
     return dataclasses.replace(inventory, hosts=hosts)
 
 
-def replay(trace: Sequence[TraceJob], *, inventory: str | Path | None = None, policies: Sequence[Mapping[str, Any]] = (),
-           providers: Sequence[str] = ("onprem", "aws", "azure", "gcp"), catalog: Any = None,
+def replay(trace: Sequence[TraceJob], *, inventory: str | Path | None = None,
+           policies: Sequence[Mapping[str, Any]] = (), providers: Sequence[str] = ("onprem", "aws", "azure", "gcp"),
+           catalog: Any = None,
            tick_seconds: float = 300.0, max_hours_after: float = 72.0, data_dir: Path | None = None) -> ReplayResult:
     """Replay ``trace`` (see the module docstring). ``inventory`` is an inventory YAML (the fleet),
     ``policies`` are policy documents (ResourceQuota, Budget, PriorityClass...), ``catalog`` a

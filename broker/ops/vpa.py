@@ -152,7 +152,8 @@ def planning_report(session: Any, now: datetime, *, window_days: float = 7.0) ->
                                                          since=since, until=now)}
     for p in list_pools(session):
         s = util.get(p["name"])
-        if s is not None and len(s) >= 10 and float(np.mean(s.values)) < 0.10 and len(p["instances"]) > p["min_replicas"]:
+        idle = s is not None and len(s) >= 10 and float(np.mean(s.values)) < 0.10
+        if s is not None and idle and len(p["instances"]) > p["min_replicas"]:
             out.append(Recommendation("idle-pool", p["namespace"], p["name"], float(len(p["instances"])),
                                       float(np.mean(s.values)), float(p["min_replicas"]), len(s),
                                       f"pool {p['name']} is idle: mean utilization {np.mean(s.values):.0%} "

@@ -7,8 +7,8 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-import numpy as np
 import httpx
+import numpy as np
 
 from broker.clock import ManualClock
 from broker.ops.alerts import AlertEngine, list_alerts, put_rules

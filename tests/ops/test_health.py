@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import sqlalchemy as sa
 
 from broker.clock import ManualClock
@@ -239,17 +238,20 @@ def test_exec_and_tcp_probes(tmp_path: Path) -> None:
     assert not run_probe(parse_probe({"tcpSocket": {"port": port}, "timeoutSeconds": 0.5}, "p")).ok
 
 
-@pytest.mark.parametrize("probe,field", [
+BAD_PROBES = [
     ({"periodSeconds": 10}, "spec.livenessProbe"),
     ({"exec": {"command": "true"}}, "spec.livenessProbe.exec.command"),
     ({"httpGet": {"port": 70000}}, "spec.livenessProbe.httpGet.port"),
     ({"tcpSocket": {"port": 80}, "failureThreshold": 0}, "spec.livenessProbe.failureThreshold"),
     ({"tcpSocket": {"port": 80}, "periodSecond": 5}, "spec.livenessProbe.periodSecond"),
-], ids=["no-handler", "command-string", "bad-port", "zero-threshold", "typo"])
-def test_a_bad_probe_spec_is_a_422_naming_the_field(tmp_path: Path, probe: dict[str, Any], field: str) -> None:
+]
+
+
+def test_a_bad_probe_spec_is_a_422_naming_the_field(tmp_path: Path) -> None:
     app = make_app(tmp_path, f"sqlite:///{tmp_path / 'p.db'}")
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as c:
         c.post("/v1/namespaces", json={"name": "svc"}, headers=ADMIN_H)
-        r = c.post("/v1/namespaces/svc/jobs", json=job_doc(livenessProbe=probe), headers=ADMIN_H)
-        assert r.status_code == 422 and field in r.text, r.text
+        for probe, field in BAD_PROBES:
+            r = c.post("/v1/namespaces/svc/jobs", json=job_doc(livenessProbe=probe), headers=ADMIN_H)
+            assert r.status_code == 422 and field in r.text, r.text
         assert c.get("/v1/namespaces/svc/jobs", headers=ADMIN_H).json()["jobs"] == []
