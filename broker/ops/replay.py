@@ -61,6 +61,7 @@ class ReplayResult:
     simulated_hours: float = 0.0
     cycles: int = 0
     wall_seconds: float = 0.0
+    cpu_seconds: float = 0.0  # of this process (the machine may be shared)
 
     def summary(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -164,6 +165,7 @@ def replay(trace: Sequence[TraceJob], *, inventory: str | Path | None = None,
     from providers.onprem import OnPremPool
 
     wall = time.perf_counter()
+    cpu = time.process_time()
     result = ReplayResult(jobs=len(trace))
     if not trace:
         return result
@@ -230,6 +232,7 @@ def replay(trace: Sequence[TraceJob], *, inventory: str | Path | None = None,
         if tmp is not None:
             tmp.cleanup()
     result.wall_seconds = time.perf_counter() - wall
+    result.cpu_seconds = time.process_time() - cpu
     return result
 
 

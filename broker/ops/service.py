@@ -61,6 +61,7 @@ class OpsService:
         self.collector.extra.append(self.autoscaler.samples)
         self._last_eval: datetime | None = None
         self._usage_since: datetime | None = None
+        self._usage_seen: set[str] = set()
 
     def __call__(self, now: datetime) -> None:
         if self.health is not None:
@@ -70,7 +71,9 @@ class OpsService:
         if self._usage_since is not None:
             from broker.ops.vpa import collect_onprem_usage
 
-            collect_onprem_usage(self.state, self._usage_since, now)
+            if len(self._usage_seen) > 100_000:  # bounded; a window start re-read at worst twice
+                self._usage_seen.clear()
+            collect_onprem_usage(self.state, self._usage_since, now, self._usage_seen)
         self._usage_since = now
         self.collector(now)
         if self._last_eval is None or (now - self._last_eval).total_seconds() >= self.alert_interval_seconds:

@@ -50,18 +50,23 @@ def _gib(x: float) -> str:
     return f"{x:.3g} GiB" if x < 10 else f"{x:.1f} GiB"
 
 
-def collect_onprem_usage(state: Any, since: datetime, now: datetime) -> int:
-    """Record the measured peak memory and mean CPU of on-prem runs that ended after ``since``."""
+def collect_onprem_usage(state: Any, since: datetime, now: datetime, seen: set[str] | None = None) -> int:
+    """Record the measured peak memory and mean CPU of on-prem runs that ended from ``since`` to ``now``
+    (both included); jobs in ``seen`` are skipped and the recorded ones added to it."""
     pool = state.providers.get("onprem")
     if pool is None or not hasattr(pool, "usage"):
         return 0
     with state.store.read() as session:
-        rows = list(session.execute(sa.select(_jobs.c.namespace, _jobs.c.name, _jobs.c.instances_json,
+        rows = list(session.execute(sa.select(_jobs.c.id, _jobs.c.namespace, _jobs.c.name, _jobs.c.instances_json,
                                               _jobs.c.started_at, _jobs.c.finished_at).where(
             _jobs.c.provider == "onprem", _jobs.c.state.in_((JobState.SUCCEEDED.value, JobState.FAILED.value)),
-            _jobs.c.finished_at > since, _jobs.c.finished_at <= now)))
+            _jobs.c.finished_at >= since, _jobs.c.finished_at <= now)))
     samples: list[Sample] = []
     for r in rows:
+        if seen is not None:
+            if r.id in seen:
+                continue
+            seen.add(r.id)
         try:
             ids = [i["id"] if isinstance(i, dict) else str(i) for i in json.loads(r.instances_json or "[]")]
         except ValueError:

@@ -72,3 +72,15 @@ def test_alerts_history_and_recommendations_commands(tmp_path: Path) -> None:
 
         r = _run(["recommendations"], url)
         assert r.returncode == 0 and "nightly: asks 32.0 GiB, used at most 9.1 GiB" in r.stdout
+
+
+def test_a_vpa_recommendation_lowers_a_later_runs_request_only() -> None:
+    from broker.ops.vpa import Recommendation, apply_to_spec
+    from tests.broker.service_support import job_doc
+
+    recs = [Recommendation("memory", "default", "nightly", 32.0, 9.1, 10.5, 3, ""),
+            Recommendation("cpu", "default", "other", 8.0, 1.0, 1.2, 3, "")]
+    doc = job_doc("nightly", cpu="8", memory="32Gi")
+    out = apply_to_spec(doc, recs)
+    assert out["spec"]["resources"]["requests"] == {"cpu": "8", "memory": "10.5Gi"}
+    assert doc["spec"]["resources"]["requests"]["memory"] == "32Gi"  # the original is not changed

@@ -149,6 +149,11 @@ def test_a_lost_hosts_job_resumes_elsewhere_from_its_checkpoint_and_completes_on
         assert json.loads(fence.data_json)["fenced_request_id"] == first.request_id
         old = [i for i in hb.providers["onprem"].instances() if i.tags.get("hb-request") == first.request_id]
         assert old and all(i.state.value == "terminated" for i in old)
+        from broker.ops.samples import read_series
+
+        with hb.store.read() as session:  # the ended run's kernel accounting, kept for VPA
+            (mem,) = read_series(session, "job_memory_used_gib", selector={"job": "train"})
+        assert 0.001 < float(mem.values[-1]) < 4
 
         clock.advance(5)
         with hb.store.tx() as session:
