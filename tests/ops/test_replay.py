@@ -62,3 +62,38 @@ def test_a_trace_is_recorded_from_a_store(tmp_path: Path) -> None:
     trace = record_trace(hb.store)
     assert [t.namespace for t in trace] == ["ns1"] * 5
     assert [t.doc["metadata"]["name"] for t in trace] == [d["metadata"]["name"] for d in docs]
+
+
+def test_broker_replay_records_and_runs_a_trace(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from broker.lifecycle import submit_jobs
+    from broker.spec import parse_job_spec
+    from broker.store import NamespaceRow, Store
+
+    url = f"sqlite:///{tmp_path / 'src.db'}"
+    from tests.broker.service_support import make_app
+
+    make_app(tmp_path, url)  # a migrated store
+    store = Store(url)
+    docs = [t.doc for t in synthetic_trace(6, start=START, days=0.01, seed=3, deadline_fraction=0)]
+    with store.tx() as session:
+        session.add(NamespaceRow(name="ns1", created_at=START))
+        session.flush()
+        submit_jobs(session, "ns1", [parse_job_spec(d, now=START) for d in docs], now=START,
+                    spec_docs=[json.dumps(d) for d in docs])
+    store.dispose()
+    cli = [sys.executable, "-c", "import sys; from broker.cli import main; main(sys.argv[1:])"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BROKER_")}
+    trace = tmp_path / "t.jsonl"
+    r = subprocess.run(cli + ["replay", "record", str(trace), "--database-url", url], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "6 submission(s)" in r.stdout, r.stderr
+    r = subprocess.run(cli + ["replay", "run", str(trace), "--providers", "aws", "--tick", "900", "--json"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["jobs"] == out["succeeded"] == 6 and set(out["spend_by_provider"]) == {"aws"}
