@@ -1,6 +1,6 @@
-"""The fleet collector: once per scheduler cycle it reads what runs (the store, the on-prem pool, the edge
-devices), sets the Prometheus gauges of :class:`broker.metrics.Metrics` and, at most every
-``interval_seconds`` of the app's clock, keeps the same values as samples in the store for history,
+"""The fleet collector: each scheduler cycle (at most every ``export_seconds``, 5) it reads what runs (the
+store, the on-prem pool, the edge devices), sets the Prometheus gauges of :class:`broker.metrics.Metrics`
+and, at most every ``interval_seconds`` of the app's clock, keeps the same values as samples in the store for history,
 alerts, forecasts and planning.
 
 Every sample carries its place in the topology as labels (``provider``, ``region``, ``site``, ``host`` or
@@ -97,18 +97,26 @@ def fleet_samples(state: Any, now: datetime) -> list[Sample]:
 
 
 class Collector:
-    """Sets the gauges every cycle and stores samples every ``interval_seconds`` (see the module docstring).
+    """Sets the gauges at most every ``export_seconds`` and stores samples every ``interval_seconds`` (see the
+    module docstring).
 
     ``extra`` are more sample sources (the pool autoscaler adds its pools' utilization)."""
 
-    def __init__(self, state: Any, *, interval_seconds: float = 60.0) -> None:
+    def __init__(self, state: Any, *, interval_seconds: float = 60.0, export_seconds: float = 5.0) -> None:
         self.state = state
         self.interval_seconds = interval_seconds
+        self.export_seconds = export_seconds
         self.extra: list[Any] = []
         self._last: datetime | None = None
+        self._last_export: datetime | None = None
 
     def __call__(self, now: datetime | None = None) -> list[Sample]:
+        """Collect now, unless the gauges were set less than ``export_seconds`` ago (a busy scheduler runs
+        cycles back to back; the fleet is read at most that often)."""
         now = now or self.state.clock.now()
+        if self._last_export is not None and 0 <= (now - self._last_export).total_seconds() < self.export_seconds:
+            return []
+        self._last_export = now
         samples = fleet_samples(self.state, now)
         for source in self.extra:
             samples.extend(source(now))

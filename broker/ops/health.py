@@ -162,7 +162,8 @@ class HealthMonitor:
 
     def _run_probes(self, now: datetime, report: HealthReport) -> None:
         with self.state.store.read() as session:
-            running = list(session.execute(sa.select(*_RUN_COLUMNS).where(_jobs.c.state == JobState.RUNNING.value)))
+            running = list(session.execute(sa.select(*_RUN_COLUMNS).where(
+                _jobs.c.state == JobState.RUNNING.value, _jobs.c.spec_json.like('%Probe"%'))))
             if not running:
                 return
             states = {(r.job_id, r.probe): r for r in session.execute(sa.select(_probes).where(
