@@ -10,7 +10,7 @@ EXPECTED = {
     "broker": ["__version__"],
     "broker.ops": [
         "store", "samples", "collect", "rules", "anomaly", "alerts", "topology", "webhooks",
-        "forecast", "autoscale", "poolsim", "vpa", "health", "replay", "history",
+        "forecast", "autoscale", "poolsim", "vpa", "probes", "health", "replay", "history", "service",
     ],
     "policies": [
         "place", "queue_key", "order", "admit", "find_victims", "place_gang", "choose_pool",
