@@ -116,6 +116,7 @@ class Collector:
         now = now or self.state.clock.now()
         if self._last_export is not None and 0 <= (now - self._last_export).total_seconds() < self.export_seconds:
             return []
+        self._count_starts(self._last_export, now)
         self._last_export = now
         samples = fleet_samples(self.state, now)
         for source in self.extra:
@@ -126,6 +127,41 @@ class Collector:
                 record(session, samples)
             self._last = now
         return samples
+
+    def _count_starts(self, since: datetime | None, now: datetime) -> None:
+        """Runs that started in ``(since, now]``: their provisioning latency (PLACED -> RUNNING) and the data
+        they moved (inputs stored at another provider: ``hb_network_bytes`` by source and destination)."""
+        from broker.store import JobEventRow
+
+        ev = JobEventRow.__table__  # type: ignore[attr-defined]
+        stmt = sa.select(ev.c.job_id, ev.c.at).where(ev.c.to_state == JobState.RUNNING.value, ev.c.at <= now)
+        if since is not None:
+            stmt = stmt.where(ev.c.at > since)
+        with self.state.store.read() as session:
+            started = {r.job_id: utc(r.at) for r in session.execute(stmt.limit(10_000))}
+            if not started:
+                return
+            ids = list(started)
+            placed = dict(session.execute(
+                sa.select(ev.c.job_id, sa.func.max(ev.c.at)).where(ev.c.job_id.in_(ids),
+                                                                   ev.c.to_state == JobState.PLACED.value)
+                .group_by(ev.c.job_id)).all())
+            jobs = session.execute(sa.select(_jobs.c.id, _jobs.c.provider, _jobs.c.spec_json)
+                                   .where(_jobs.c.id.in_(ids))).all()
+        m = self.state.metrics
+        for job_id, at in started.items():
+            if job_id in placed:
+                m.provisioning_latency.observe(max(0.0, (at - utc(placed[job_id])).total_seconds()))
+        for j in jobs:
+            try:
+                data = json.loads(j.spec_json).get("spec", {}).get("data") or []
+            except (ValueError, AttributeError):
+                continue
+            for d in data:
+                src = str(d.get("location", "")).split(":", 1)[0] if isinstance(d, dict) else ""
+                size = float(d.get("sizeGiB", 0) or 0) if isinstance(d, dict) else 0.0
+                if src and j.provider and src != j.provider and size > 0:
+                    m.network_bytes.labels(src, j.provider).inc(size * 2**30)
 
     def _export(self, samples: list[Sample]) -> None:
         m = self.state.metrics
