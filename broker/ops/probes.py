@@ -4,7 +4,7 @@ parser validates them at submission).
 ```yaml
 spec:
   livenessProbe:
-    exec: {command: [test, -f, /tmp/healthy]}     # or httpGet: {port: 8080, path: /healthz, host: 127.0.0.1}
+    exec: {command: [test, -f, healthy]}          # or httpGet: {port: 8080, path: /healthz, host: 127.0.0.1}
     initialDelaySeconds: 5                         # or tcpSocket: {port: 5432, host: 127.0.0.1}
     periodSeconds: 10
     timeoutSeconds: 1
