@@ -2,11 +2,12 @@
 what failed -- from its last checkpoint, with the old run fenced so that work never completes twice.
 
 Heartbeats: a host beats with ``POST /v1/ops/heartbeats/host/{name}`` (:func:`record_heartbeat`); an edge
-device's heartbeat is its gateway ``last_seen``. A host or device silent for ``heartbeat_timeout_seconds``
-is *lost*: its epoch grows, an on-prem host is cordoned (no placement), and each of its RUNNING jobs is
-*re-placed*: the old run is terminated where the provider can still reach it, and the job goes
-RUNNING -> PENDING with a new request id, as a preemption does (:mod:`broker.scheduler`). Its next run
-starts from the checkpoint directory it wrote (``spec.checkpoint.path``).
+device's heartbeat is its gateway ``last_seen``. A host silent for ``heartbeat_timeout_seconds`` (a device:
+``device_timeout_seconds``, off by default since devices work offline and report later) is *lost*: its
+epoch grows, an on-prem host is cordoned (no placement), and each of its RUNNING jobs is *re-placed*: the
+old run is terminated where the provider can still reach it, and the job goes RUNNING -> PENDING with a
+new request id, as a preemption does (:mod:`broker.scheduler`). Its next run starts from the checkpoint
+directory it wrote (``spec.checkpoint.path``).
 
 Fencing: the store only ever follows the job's *current* run (its ``request_id`` and
 ``instances_json``). The old run's instances are no longer the job's, so if the lost host comes back and
@@ -90,10 +91,13 @@ def _placed_host(placement_json: str | None) -> str | None:
 class HealthMonitor:
     """See the module docstring. ``state`` is the app's :class:`broker.app.AppState`."""
 
-    def __init__(self, state: Any, *, heartbeat_timeout_seconds: float = 60.0, probe_env: dict[str, str] | None = None
-                 ) -> None:
+    def __init__(self, state: Any, *, heartbeat_timeout_seconds: float = 60.0,
+                 device_timeout_seconds: float | None = None, probe_env: dict[str, str] | None = None) -> None:
         self.state = state
         self.heartbeat_timeout_seconds = heartbeat_timeout_seconds
+        # Edge devices work offline (a durable outbox reports later), so their jobs are re-placed only
+        # when this is set (BROKER_DEVICE_LOST_AFTER_SECONDS); the edge runner's own wait rules apply else.
+        self.device_timeout_seconds = device_timeout_seconds
         self.probe_env = probe_env
 
     def check(self, now: datetime | None = None) -> HealthReport:
@@ -118,25 +122,31 @@ class HealthMonitor:
         timeout = self.heartbeat_timeout_seconds
         pool = self.state.providers.get("onprem")
         lost_places: list[tuple[str, str, int]] = []  # (provider, host or device, epoch)
-        with self.state.store.tx() as session:
-            for r in list(session.execute(sa.select(_beats).where(_beats.c.kind == "host"))):
-                silent = (now - utc(r.last_seen_at)).total_seconds()
-                if r.status == "alive" and silent > timeout:
-                    session.execute(sa.update(_beats).where(_beats.c.kind == r.kind, _beats.c.name == r.name)
-                                    .values(status="lost", lost_at=now, epoch=r.epoch + 1))
-                    lost_places.append(("onprem", r.name, r.epoch + 1))
-                    report.lost.append(f"host/{r.name}")
-                elif r.status == "lost" and silent <= timeout:
-                    session.execute(sa.update(_beats).where(_beats.c.kind == r.kind, _beats.c.name == r.name)
-                                    .values(status="alive", lost_at=None))
-                    report.recovered.append(f"host/{r.name}")
-                    if pool is not None and hasattr(pool, "cordoned"):
-                        pool.cordoned.discard(r.name)
-                elif r.status == "lost" and pool is not None and hasattr(pool, "cordoned"):
-                    pool.cordoned.add(r.name)  # after a broker restart the cordon is rebuilt from the store
-            for device, seen in self._device_beats(session):
-                if (now - seen).total_seconds() > timeout:
-                    lost_places.append(("edge", device, 0))
+        with self.state.store.read() as session:
+            beats = list(session.execute(sa.select(_beats).where(_beats.c.kind == "host")))
+            devices = self._device_beats(session) if self.device_timeout_seconds is not None else []
+        changes: list[tuple[Any, dict[str, Any]]] = []
+        for r in beats:
+            silent = (now - utc(r.last_seen_at)).total_seconds()
+            if r.status == "alive" and silent > timeout:
+                changes.append((r, {"status": "lost", "lost_at": now, "epoch": r.epoch + 1}))
+                lost_places.append(("onprem", r.name, r.epoch + 1))
+                report.lost.append(f"host/{r.name}")
+            elif r.status == "lost" and silent <= timeout:
+                changes.append((r, {"status": "alive", "lost_at": None}))
+                report.recovered.append(f"host/{r.name}")
+                if pool is not None and hasattr(pool, "cordoned"):
+                    pool.cordoned.discard(r.name)
+            elif r.status == "lost" and pool is not None and hasattr(pool, "cordoned"):
+                pool.cordoned.add(r.name)  # after a broker restart the cordon is rebuilt from the store
+        if changes:  # a write only when something changed (most cycles change nothing)
+            with self.state.store.tx() as session:
+                for r, values in changes:
+                    session.execute(sa.update(_beats).where(_beats.c.kind == r.kind, _beats.c.name == r.name,
+                                                            _beats.c.status == r.status).values(**values))
+        for device, seen in devices:
+            if (now - seen).total_seconds() > (self.device_timeout_seconds or 0.0):
+                lost_places.append(("edge", device, 0))
         if not lost_places:
             return
         if pool is not None and hasattr(pool, "cordoned"):
@@ -152,7 +162,8 @@ class HealthMonitor:
                 where = _placed_host(row.placement_json) if provider == "onprem" else row.region
                 if where == place:
                     kind = "host" if provider == "onprem" else "device"
-                    reason = (f"{kind} {place} lost (no heartbeat for more than {self.heartbeat_timeout_seconds:g}s);"
+                    silence = self.heartbeat_timeout_seconds if kind == "host" else self.device_timeout_seconds
+                    reason = (f"{kind} {place} lost (no heartbeat for more than {silence:g}s);"
                               " old run fenced, re-placed from its last checkpoint")
                     victims.append((row, reason, {"lost": f"{kind}/{place}", "fenced_epoch": epoch,
                                                   "fenced_request_id": row.request_id}))

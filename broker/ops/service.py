@@ -7,7 +7,8 @@ Each cycle: the collector (gauges; samples every ``BROKER_OPS_SAMPLE_SECONDS``, 
 clock, so tests and trace replays run in simulated time.
 
 Environment: ``BROKER_ALERT_WEBHOOK_URL`` and ``BROKER_ALERT_WEBHOOK_SECRET`` (both, or neither);
-``BROKER_HEARTBEAT_TIMEOUT_SECONDS`` (default 60): silence after which a host or device is lost.
+``BROKER_HEARTBEAT_TIMEOUT_SECONDS`` (default 60): silence after which a host is lost;
+``BROKER_DEVICE_LOST_AFTER_SECONDS`` (default unset: never): the same for edge devices.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ class OpsService:
         from broker.ops.health import HealthMonitor
 
         self.health: Any = HealthMonitor(
-            state, heartbeat_timeout_seconds=_float_env("BROKER_HEARTBEAT_TIMEOUT_SECONDS", 60.0))
+            state, heartbeat_timeout_seconds=_float_env("BROKER_HEARTBEAT_TIMEOUT_SECONDS", 60.0),
+            device_timeout_seconds=_float_env("BROKER_DEVICE_LOST_AFTER_SECONDS", 0.0) or None)
         from broker.ops.autoscale import PoolAutoscaler
 
         self.autoscaler: Any = PoolAutoscaler(state)
