@@ -164,3 +164,80 @@ def metric_history(name: str, _: Annotated[Principal, Depends(current_principal)
     return {"name": name, "series": [
         {"labels": dict(s.labels), "points": [[float(t), float(v)] for t, v in zip(s.t_seconds, s.values, strict=True)]}
         for s in series]}
+
+
+# -- heartbeats --------------------------------------------------------------------------------------------
+
+@router.post("/v1/ops/heartbeats/{kind}/{name}", summary="A host's (or device's) heartbeat")
+def post_heartbeat(kind: str, name: str, _: Annotated[Principal, Depends(require_admin)],
+                   hb: Annotated[Any, Depends(get_state)]) -> dict[str, Any]:
+    from broker.ops.health import record_heartbeat
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", name):
+        raise HTTPException(status_code=422, detail="name: letters, digits, '.', '_', ':' or '-' (1..128)")
+    try:
+        with hb.store.tx() as session:
+            return record_heartbeat(session, kind, name, hb.clock.now())
+    except SpecError as exc:
+        raise _bad(exc) from None
+
+
+@router.get("/v1/ops/heartbeats", summary="Hosts and their last heartbeat, status and fencing epoch")
+def get_heartbeats(_: Annotated[Principal, Depends(current_principal)],
+                   hb: Annotated[Any, Depends(get_state)]) -> dict[str, Any]:
+    from broker.ops.health import list_heartbeats
+
+    with hb.store.read() as session:
+        return {"items": list_heartbeats(session)}
+
+
+# -- pools and recommendations -----------------------------------------------------------------------------
+
+@router.put("/v1/ops/pools/{name}", summary="Create or change a broker-owned elastic pool (kind: Pool, YAML or JSON)")
+async def put_pool(name: str, request: Request, _: Annotated[Principal, Depends(require_admin)],
+                   hb: Annotated[Any, Depends(get_state)]) -> dict[str, Any]:
+    import yaml
+
+    from broker.ops.autoscale import put_pool as store_pool
+
+    if not _NAME.match(name):
+        raise HTTPException(status_code=422, detail="name: lower-case letters, digits and '-', at most 63")
+    body = await request.body()
+    try:
+        doc = yaml.safe_load(body.decode("utf-8")) if body else None
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise HTTPException(status_code=422, detail=f"the body is not a YAML or JSON document: {exc}") from None
+
+    def store() -> Any:
+        with hb.store.tx() as session:
+            return store_pool(session, name, doc, hb.clock.now())  # type: ignore[arg-type]
+
+    try:
+        spec = await run_in_threadpool(store)
+    except SpecError as exc:
+        raise _bad(exc) from None
+    return {"name": spec.name, "min_replicas": spec.policy.min_replicas, "max_replicas": spec.policy.max_replicas}
+
+
+@router.get("/v1/ops/pools", summary="Broker-owned pools, their instances and last scaling decision")
+def get_pools(_: Annotated[Principal, Depends(current_principal)],
+              hb: Annotated[Any, Depends(get_state)]) -> dict[str, Any]:
+    from broker.ops.autoscale import list_pools
+
+    with hb.store.read() as session:
+        return {"items": list_pools(session)}
+
+
+@router.get("/v1/ops/recommendations", summary="VPA requests from measured usage, idle pools, spot candidates")
+def get_recommendations(principal: Annotated[Principal, Depends(current_principal)],
+                        hb: Annotated[Any, Depends(get_state)],
+                        days: Annotated[float, Query(gt=0, le=365)] = 7.0) -> dict[str, Any]:
+    import dataclasses
+
+    from broker.ops.vpa import planning_report
+
+    with hb.store.read() as session:
+        recs = planning_report(session, hb.clock.now(), window_days=days)
+    if not principal.is_admin:
+        recs = [r for r in recs if r.namespace == principal.namespace]
+    return {"items": [dataclasses.asdict(r) for r in recs]}

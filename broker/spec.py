@@ -94,6 +94,7 @@ _SPEC_KEYS = {
     "priorityClassName", "priority", "queue", "command", "args", "image", "env", "workingDir", "resources",
     "nodes", "durationHours", "deadline", "data", "placement", "retry", "checkpoint",
     "activeDeadlineSeconds",  # the run's time limit (Kubernetes' name); edge tasks are killed at it
+    "livenessProbe", "readinessProbe",  # issue 14: validated by broker.ops.probes
 }
 _RESOURCES_KEYS = {"requests", "limits", "accelerator", "arch"}
 _RESOURCE_NAMES = {"cpu", "memory", *_GPU_KEYS, "ephemeral-storage"}
@@ -637,6 +638,12 @@ def parse_job_spec(
             interval_minutes=_number(ck.get("intervalMinutes", 15), f"{sp}.checkpoint.intervalMinutes",
                                      lo=0.001, hi=10_000),
         )
+
+    # --- probes (issue 14): Kubernetes-shaped liveness/readiness probes, run by broker.ops.health ---
+    from broker.ops.probes import probes_of
+
+    probes_of(spec, sp)
+    # --- end probes ---
 
     priority = None
     if spec.get("priority") is not None:

@@ -198,6 +198,8 @@ class OnPremPool:
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._runs: dict[str, dict[str, Any]] = {}
         self._errors: list[ProviderError] = []
+        # Hosts taken out of placement (broker.ops.health: a lost host until it beats again).
+        self.cordoned: set[str] = set()
         self._adopt()
 
     # -- offers and capacity --------------------------------------------------------------------------
@@ -236,6 +238,9 @@ class OnPremPool:
         with self._lock:
             out = {}
             for h in self._hosts:
+                if h.name in self.cordoned:
+                    out[h.name] = {"vcpus": 0.0, "memory_gib": 0.0, "gpus": 0.0}
+                    continue
                 cpu, mem, gpus = self._used(h.name)
                 out[h.name] = {
                     "vcpus": round(h.vcpus - cpu, 6),
@@ -280,6 +285,10 @@ class OnPremPool:
             if existing:
                 return [self._to_instance(i, self._runs[i]) for i in existing]
             host = self._pick_host(offer)
+            if host.name in self.cordoned:
+                raise CapacityError(f"onprem:{host.site}: host {host.name} is cordoned (lost or drained). To fix: "
+                                    "wait for its heartbeat, or place the job elsewhere.",
+                                    provider=self.name, region=host.site, request_id=request_id)
             want_cpu = job.request.vcpus if job else offer.instance_type.vcpus
             want_mem = job.request.memory_gib if job else offer.instance_type.memory_gib
             want_gpu = job.request.gpus if job else offer.instance_type.gpus

@@ -8,6 +8,10 @@ import pytest
 
 EXPECTED = {
     "broker": ["__version__"],
+    "broker.ops": [
+        "store", "samples", "collect", "rules", "anomaly", "alerts", "topology", "webhooks",
+        "forecast", "autoscale", "poolsim", "vpa", "probes", "health", "replay", "history", "service",
+    ],
     "policies": [
         "place", "queue_key", "order", "admit", "find_victims", "place_gang", "choose_pool",
         "choose_for_deadline", "solve_heuristic", "solve_exact",
@@ -21,7 +25,7 @@ def test_the_public_names_are_pinned(package: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "package", ["broker", "broker.model", "broker.errors", "pricing", "providers", "policies", "edge"]
+    "package", ["broker", "broker.model", "broker.errors", "broker.ops", "pricing", "providers", "policies", "edge"]
 )
 def test_every_public_name_resolves(package: str) -> None:
     module = importlib.import_module(package)

@@ -1,5 +1,6 @@
-"""``broker alerts ...``, ``broker history ...`` and ``broker pools ...``: fleet operations from the
-command line, over the API (``BROKER_URL`` with ``BROKER_TOKEN``, see :mod:`broker.client`).
+"""``broker alerts ...``, ``broker history ...``, ``broker pools list``, ``broker recommendations`` and
+``broker replay``: fleet operations from the command line, over the API (``BROKER_URL`` with ``BROKER_TOKEN``,
+see :mod:`broker.client`); ``broker replay`` works locally.
 
 Errors print one line on stderr and exit non-zero (2: invalid input, 1: anything else).
 """
@@ -15,7 +16,7 @@ import typer
 
 from broker.errors import SpecError
 
-__all__ = ["register", "alerts_app", "history", "pools_app"]
+__all__ = ["register", "alerts_app", "history", "pools_app", "recommendations", "replay_app"]
 
 alerts_app = typer.Typer(name="alerts", help="Alerts and alert rules.", no_args_is_help=True)
 pools_app = typer.Typer(name="pools", help="Broker-owned elastic pools.", no_args_is_help=True)
@@ -138,8 +139,94 @@ def pools_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> None
     Console(width=200).print(table)
 
 
+def recommendations(
+    days: Annotated[float, typer.Option(help="look back this many days")] = 7.0,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Over-requested resources (VPA, from measured usage), idle pools and spot candidates."""
+    if days <= 0:
+        raise SpecError("--days", "must be > 0")
+    with _client() as c:
+        items = c._json("GET", "/v1/ops/recommendations", params={"days": days})["items"]
+    if as_json:
+        print(json.dumps(items, indent=2))
+        return
+    for r in items:
+        print(f"[{r['kind']}] {r['namespace']}: {r['message']}")
+    if not items:
+        print("no recommendations")
+
+
+replay_app = typer.Typer(name="replay", help="Capacity planning: record and replay submissions.",
+                         no_args_is_help=True)
+
+
+@replay_app.command("record")
+def replay_record(
+    out: Annotated[Path, typer.Argument(help="the trace file to write (JSON lines)")],
+    database_url: Annotated[str, typer.Option(envvar="BROKER_DATABASE_URL", help="the broker's store")],
+    since: Annotated[str | None, typer.Option(help="7d, 24h or an ISO date")] = None,
+) -> None:
+    """Write the submissions recorded in a store as a trace."""
+    from datetime import UTC, datetime
+
+    from broker.ops.replay import record_trace, write_trace
+    from broker.reports.store import parse_when
+    from broker.store import Store
+
+    since_at = parse_when(since, now=datetime.now(UTC), field="--since") if since else None
+    store = Store(database_url)
+    try:
+        n = write_trace(out, record_trace(store, since=since_at))
+    finally:
+        store.dispose()
+    print(f"{n} submission(s) written to {out}")
+
+
+@replay_app.command("run")
+def replay_run(
+    trace: Annotated[Path, typer.Argument(help="a trace file (broker replay record)")],
+    inventory: Annotated[Path | None, typer.Option(help="the fleet to replay against (inventory YAML)")] = None,
+    policies: Annotated[Path | None, typer.Option(help="policy documents (ResourceQuota, Budget, ...) YAML")] = None,
+    providers: Annotated[str, typer.Option(help="comma-separated providers")] = "onprem,aws,azure,gcp",
+    tick: Annotated[float, typer.Option(help="simulated seconds between scheduler cycles")] = 300.0,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Re-run a trace through the real scheduler in simulated time; report waits, deadline misses, spend."""
+    import yaml
+
+    from broker.ops.replay import read_trace, replay
+
+    if not trace.is_file():
+        raise SpecError(str(trace), "no such file")
+    if tick <= 0:
+        raise SpecError("--tick", "must be > 0")
+    docs: list[Any] = []
+    if policies is not None:
+        try:
+            docs = [d for d in yaml.safe_load_all(policies.read_text(encoding="utf-8")) if d]
+        except (OSError, yaml.YAMLError) as exc:
+            raise SpecError(str(policies), f"cannot read policy documents: {exc}") from None
+    names = tuple(p.strip() for p in providers.split(",") if p.strip())
+    if "onprem" in names and inventory is None:
+        names = tuple(p for p in names if p != "onprem")
+    result = replay(read_trace(trace), inventory=inventory, policies=docs, providers=names, tick_seconds=tick)
+    summary = result.summary()
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    print(f"{result.jobs} jobs: {result.succeeded} succeeded, {result.failed} failed, {result.unfinished} unfinished; "
+          f"{result.deadline_misses} deadline misses")
+    by = ", ".join(f"{k} ${v:.2f}" for k, v in sorted(result.spend_by_provider.items()))
+    print(f"wait: mean {result.mean_wait_seconds:.0f} s, p95 {result.p95_wait_seconds:.0f} s; "
+          f"spend ${result.spend_usd:.2f} ({by})")
+    print(f"simulated {result.simulated_hours:.1f} h in {result.wall_seconds:.1f} s ({result.cycles} cycles)")
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the root app."""
     app.add_typer(alerts_app)
     app.add_typer(pools_app)
+    app.add_typer(replay_app)
     app.command("history")(history)
+    app.command("recommendations")(recommendations)

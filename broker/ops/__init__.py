@@ -9,5 +9,5 @@ from __future__ import annotations
 
 __all__ = [
     "store", "samples", "collect", "rules", "anomaly", "alerts", "topology", "webhooks",
-    "forecast", "autoscale", "poolsim", "vpa", "health", "replay", "history",
+    "forecast", "autoscale", "poolsim", "vpa", "probes", "health", "replay", "history", "service",
 ]

@@ -1,6 +1,6 @@
-"""The fleet collector: once per scheduler cycle it reads what runs (the store, the on-prem pool, the edge
-devices), sets the Prometheus gauges of :class:`broker.metrics.Metrics` and, at most every
-``interval_seconds`` of the app's clock, keeps the same values as samples in the store for history,
+"""The fleet collector: each scheduler cycle (at most every ``export_seconds``, 5) it reads what runs (the
+store, the on-prem pool, the edge devices), sets the Prometheus gauges of :class:`broker.metrics.Metrics`
+and, at most every ``interval_seconds`` of the app's clock, keeps the same values as samples in the store for history,
 alerts, forecasts and planning.
 
 Every sample carries its place in the topology as labels (``provider``, ``region``, ``site``, ``host`` or
@@ -97,18 +97,27 @@ def fleet_samples(state: Any, now: datetime) -> list[Sample]:
 
 
 class Collector:
-    """Sets the gauges every cycle and stores samples every ``interval_seconds`` (see the module docstring).
+    """Sets the gauges at most every ``export_seconds`` and stores samples every ``interval_seconds`` (see the
+    module docstring).
 
     ``extra`` are more sample sources (the pool autoscaler adds its pools' utilization)."""
 
-    def __init__(self, state: Any, *, interval_seconds: float = 60.0) -> None:
+    def __init__(self, state: Any, *, interval_seconds: float = 60.0, export_seconds: float = 5.0) -> None:
         self.state = state
         self.interval_seconds = interval_seconds
+        self.export_seconds = export_seconds
         self.extra: list[Any] = []
         self._last: datetime | None = None
+        self._last_export: datetime | None = None
 
     def __call__(self, now: datetime | None = None) -> list[Sample]:
+        """Collect now, unless the gauges were set less than ``export_seconds`` ago (a busy scheduler runs
+        cycles back to back; the fleet is read at most that often)."""
         now = now or self.state.clock.now()
+        if self._last_export is not None and 0 <= (now - self._last_export).total_seconds() < self.export_seconds:
+            return []
+        self._count_starts(self._last_export, now)
+        self._last_export = now
         samples = fleet_samples(self.state, now)
         for source in self.extra:
             samples.extend(source(now))
@@ -118,6 +127,41 @@ class Collector:
                 record(session, samples)
             self._last = now
         return samples
+
+    def _count_starts(self, since: datetime | None, now: datetime) -> None:
+        """Runs that started in ``(since, now]``: their provisioning latency (PLACED -> RUNNING) and the data
+        they moved (inputs stored at another provider: ``hb_network_bytes`` by source and destination)."""
+        from broker.store import JobEventRow
+
+        ev = JobEventRow.__table__  # type: ignore[attr-defined]
+        stmt = sa.select(ev.c.job_id, ev.c.at).where(ev.c.to_state == JobState.RUNNING.value, ev.c.at <= now)
+        if since is not None:
+            stmt = stmt.where(ev.c.at > since)
+        with self.state.store.read() as session:
+            started = {r.job_id: utc(r.at) for r in session.execute(stmt.limit(10_000))}
+            if not started:
+                return
+            ids = list(started)
+            placed = dict(session.execute(
+                sa.select(ev.c.job_id, sa.func.max(ev.c.at)).where(ev.c.job_id.in_(ids),
+                                                                   ev.c.to_state == JobState.PLACED.value)
+                .group_by(ev.c.job_id)).all())
+            jobs = session.execute(sa.select(_jobs.c.id, _jobs.c.provider, _jobs.c.spec_json)
+                                   .where(_jobs.c.id.in_(ids))).all()
+        m = self.state.metrics
+        for job_id, at in started.items():
+            if job_id in placed:
+                m.provisioning_latency.observe(max(0.0, (at - utc(placed[job_id])).total_seconds()))
+        for j in jobs:
+            try:
+                data = json.loads(j.spec_json).get("spec", {}).get("data") or []
+            except (ValueError, AttributeError):
+                continue
+            for d in data:
+                src = str(d.get("location", "")).split(":", 1)[0] if isinstance(d, dict) else ""
+                size = float(d.get("sizeGiB", 0) or 0) if isinstance(d, dict) else 0.0
+                if src and j.provider and src != j.provider and size > 0:
+                    m.network_bytes.labels(src, j.provider).inc(size * 2**30)
 
     def _export(self, samples: list[Sample]) -> None:
         m = self.state.metrics

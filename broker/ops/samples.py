@@ -6,9 +6,9 @@ series is one index range. Reads return :class:`Series` (numpy arrays of epoch s
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
 import numpy as np
 import sqlalchemy as sa
@@ -99,12 +99,5 @@ def series_names(session: sa.orm.Session) -> list[str]:
 def prune(session: sa.orm.Session, before: datetime) -> int:
     """Delete samples older than ``before`` (retention); returns how many."""
     result = session.execute(sa.delete(_samples).where(_samples.c.at < utc(before)))
-    return int(result.rowcount or 0)
+    return int(getattr(result, "rowcount", 0) or 0)
 
-
-def to_datetime(t_seconds: float) -> datetime:
-    return datetime.fromtimestamp(t_seconds, UTC)
-
-
-def names_in(samples: Sequence[Sample]) -> set[str]:
-    return {s.name for s in samples}

@@ -3,10 +3,12 @@ the scheduler (one call per cycle, after step 7).
 
 Each cycle: the collector (gauges; samples every ``BROKER_OPS_SAMPLE_SECONDS``, default 60); every
 ``BROKER_ALERT_EVAL_SECONDS`` (default 60) the alert engine evaluates and delivers; the health monitor
-(heartbeats, probes) and the pool autoscaler run when they are configured. Everything reads the app's
+(heartbeats, probes) and the pool autoscaler (the stored pools) run every cycle. Everything reads the app's
 clock, so tests and trace replays run in simulated time.
 
-Environment: ``BROKER_ALERT_WEBHOOK_URL`` and ``BROKER_ALERT_WEBHOOK_SECRET`` (both, or neither).
+Environment: ``BROKER_ALERT_WEBHOOK_URL`` and ``BROKER_ALERT_WEBHOOK_SECRET`` (both, or neither);
+``BROKER_HEARTBEAT_TIMEOUT_SECONDS`` (default 60): silence after which a host is lost;
+``BROKER_DEVICE_LOST_AFTER_SECONDS`` (default unset: never): the same for edge devices.
 """
 
 from __future__ import annotations
@@ -50,15 +52,31 @@ class OpsService:
                 log.error("alert webhook not configured: set both BROKER_ALERT_WEBHOOK_URL and _SECRET")
         self.alerts = AlertEngine(state.store, state.clock, metrics=state.metrics, webhook=webhook)
         self.alert_interval_seconds = _float_env("BROKER_ALERT_EVAL_SECONDS", 60.0)
-        self.health: Any = None  # broker.ops.health.HealthMonitor, when installed
-        self.autoscaler: Any = None  # broker.ops.autoscale.PoolAutoscaler, when installed
+        from broker.ops.health import HealthMonitor
+
+        self.health: Any = HealthMonitor(
+            state, heartbeat_timeout_seconds=_float_env("BROKER_HEARTBEAT_TIMEOUT_SECONDS", 60.0),
+            device_timeout_seconds=_float_env("BROKER_DEVICE_LOST_AFTER_SECONDS", 0.0) or None)
+        from broker.ops.autoscale import PoolAutoscaler
+
+        self.autoscaler: Any = PoolAutoscaler(state)
+        self.collector.extra.append(self.autoscaler.samples)
         self._last_eval: datetime | None = None
+        self._usage_since: datetime | None = None
+        self._usage_seen: set[str] = set()
 
     def __call__(self, now: datetime) -> None:
         if self.health is not None:
             self.health.check(now)
         if self.autoscaler is not None:
             self.autoscaler.reconcile(now)
+        if self._usage_since is not None:
+            from broker.ops.vpa import collect_onprem_usage
+
+            if len(self._usage_seen) > 100_000:  # bounded; a window start re-read at worst twice
+                self._usage_seen.clear()
+            collect_onprem_usage(self.state, self._usage_since, now, self._usage_seen)
+        self._usage_since = now
         self.collector(now)
         if self._last_eval is None or (now - self._last_eval).total_seconds() >= self.alert_interval_seconds:
             self.alerts.evaluate(now)

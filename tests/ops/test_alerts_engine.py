@@ -7,8 +7,8 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-import numpy as np
 import httpx
+import numpy as np
 
 from broker.clock import ManualClock
 from broker.ops.alerts import AlertEngine, list_alerts, put_rules
@@ -147,3 +147,29 @@ def test_api_refuses_bad_rules_keeps_the_old_and_lists_alerts(tmp_path: Path) ->
         hist = c.get("/v1/ops/metrics/utilization", params={"since": "1h", "match": "host=h0"}, headers=ADMIN_H)
         assert [len(s["points"]) for s in hist.json()["series"]] == [3]
         assert c.get("/v1/ops/metrics/utilization", params={"since": "soon"}, headers=ADMIN_H).status_code == 422
+
+
+def test_the_collector_exports_fleet_series_and_keeps_them_as_history(tmp_path: Path) -> None:
+    from broker.ops.samples import read_series
+    from tests.broker.service_support import job_doc
+
+    clock = ManualClock()
+    app = make_app(tmp_path, f"sqlite:///{tmp_path / 'm.db'}", clock=clock)
+    hb = app.state.hb
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as c:
+        c.post("/v1/namespaces", json={"name": "team"}, headers=ADMIN_H)
+        doc = job_doc("etl", cpu="2", providers=["aws"], hours=2,
+                      data=[{"uri": "gs://b/set", "location": "gcp:us-central1", "sizeGiB": 3}])
+        assert c.post("/v1/namespaces/team/jobs", json=doc, headers=ADMIN_H).status_code == 201
+        c.post("/v1/namespaces/team/jobs", json=job_doc("waits", cpu="64", providers=["onprem"]), headers=ADMIN_H)
+        clock.advance(30)
+        hb.scheduler.run_cycle()  # places and starts etl on aws; the ops hook collects
+        text = c.get("/metrics").text
+    assert 'hb_network_bytes_total{dst="aws",src="gcp"} 3.221225472e+09' in text
+    assert "hb_provisioning_latency_seconds_count 1.0" in text
+    assert 'hb_spend_usd_per_hour{namespace="team",provider="aws"}' in text
+    assert 'hb_utilization_ratio{name="localhost",resource="cpu",scope="host"} 0.0' in text
+    with hb.store.read() as session:
+        (burn,) = read_series(session, "spend_usd_per_hour", selector={"namespace": "team"})
+        states = {s.labels["state"]: float(s.values[-1]) for s in read_series(session, "jobs")}
+    assert float(burn.values[-1]) > 0 and states.get("RUNNING") == 1.0

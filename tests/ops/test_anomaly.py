@@ -65,7 +65,7 @@ def test_isolation_forest_catches_multi_metric_anomalies() -> None:
             X[i, 2] -= 8  # CPU busy while the queue drains
         else:
             X[i, 2] += 15  # a queue burst
-    det = ForestDetector(contamination=0.0005)
+    det = ForestDetector(contamination=0.0005, n_estimators=100)
     assert det.due(0.0)
     det.fit(X[:train], now_seconds=0.0)
     assert not det.due(3600.0) and det.due(6 * 3600.0)  # retrained on its schedule
