@@ -173,3 +173,36 @@ def test_the_collector_exports_fleet_series_and_keeps_them_as_history(tmp_path: 
         (burn,) = read_series(session, "spend_usd_per_hour", selector={"namespace": "team"})
         states = {s.labels["state"]: float(s.values[-1]) for s in read_series(session, "jobs")}
     assert float(burn.values[-1]) > 0 and states.get("RUNNING") == 1.0
+
+
+def test_an_isolation_forest_rule_fires_on_the_odd_host_and_retrains_on_schedule(tmp_path: Path) -> None:
+    clock = ManualClock()
+    app = make_app(tmp_path, f"sqlite:///{tmp_path / 'f.db'}", clock=clock)
+    store = app.state.hb.store
+    rules = ("groups: [{name: g, rules: [{alert: HostOdd, anomaly: {metrics: ['utilization{resource=\"cpu\"}', "
+             "'utilization{resource=\"memory\"}'], by: host, window: 3d, retrain: 6h, contamination: 0.01}}]}]")
+    with store.tx() as session:
+        put_rules(session, "g", rules, clock.now())
+    rng = np.random.default_rng(0)
+    start = clock.now() - timedelta(hours=48)
+
+    def host_samples(host: str, i: int, cpu: float, mem: float) -> list[Sample]:
+        base = {"scope": "host", "provider": "onprem", "region": "dc1", "host": host}
+        at = start + timedelta(minutes=5 * i)
+        return [Sample("utilization", {**base, "resource": "cpu"}, cpu, at),
+                Sample("utilization", {**base, "resource": "memory"}, mem, at)]
+
+    with store.tx() as session:
+        for i in range(576):
+            for host in ("h1", "h2"):
+                cpu = 0.5 + 0.2 * np.sin(i / 12) + rng.normal(0, 0.01)
+                record(session, host_samples(host, i, cpu, 0.2 + 0.6 * cpu + rng.normal(0, 0.01)))
+        # now: h1 normal, h2's memory far off its relation with CPU
+        record(session, host_samples("h1", 576, 0.5, 0.5) + host_samples("h2", 576, 0.5, 0.95))
+    engine = AlertEngine(store, clock)
+    r = engine.evaluate()
+    assert r.retrained == 2 and r.fired == 1
+    with store.read() as session:
+        (alert,) = list_alerts(session, state="firing")
+    assert alert["rule"] == "HostOdd" and alert["labels"]["host"] == "h2"
+    assert engine.evaluate().retrained == 0  # models are reused until "retrain" has passed
