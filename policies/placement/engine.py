@@ -336,10 +336,11 @@ def _options(cat: Catalog, c: Costs, js: list[int]) -> list[PlacementOption]:
     caps = cat.cap_code[rows].tolist()
     accs = cat.acc_code[rows].tolist()
     arches = cat.arch_code[rows].tolist()
+    risk_usd = c.interruption_usd if c.interruption_usd is not None else np.zeros(len(c.idx))
     cols = [cat.vcpus[rows].tolist(), cat.memory_gib[rows].tolist(), cat.gpus[rows].tolist(),
             c.hourly_usd[ja].tolist(), c.compute_usd[ja].tolist(), c.egress_usd[ja].tolist(),
             c.transfer_hours[ja].tolist(), c.total_usd[ja].tolist(), c.finish_hours[ja].tolist(),
-            c.interruption_usd[ja].tolist()]
+            risk_usd[ja].tolist()]
     out = []
     for n in range(len(js)):
         loc = cat.locations[locs[n]]
@@ -388,8 +389,9 @@ def best_per_location(
         if not len(cat):
             continue
         lc = _shared_loc_costs(loc_costs, request, cat, egress, model)
-        args = (request, cat, ctx, {}, 1, objective, lc)
-        _, rows = (_filter_grouped if p < 2 else _filter_rows)(*args, all_locations=True)
+        none: dict[str, int] = {}  # rejection counts are not needed here
+        fn = _filter_grouped if p < 2 else _filter_rows
+        _, rows = fn(request, cat, ctx, none, 1, objective, lc, all_locations=True)
         if not len(rows):
             continue
         c = _costs(request, cat, rows, lc, wait_hours)
