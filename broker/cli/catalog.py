@@ -37,6 +37,15 @@ CatalogOpt = Annotated[
 _GPU_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?::(\d+))?$")
 
 
+def warn_if_stale(cat: Catalog) -> None:
+    """One stderr line when the catalog's prices are older than 30 days."""
+    from pricing.freshness import stale_warning
+
+    warning = stale_warning(cat)
+    if warning:
+        typer.echo(warning, err=True)
+
+
 def parse_gpu(text: str) -> tuple[str, int]:
     """``MODEL[:N]`` -> ``(MODEL, N)`` (N defaults to 1). Raises ``ValueError`` with a readable message."""
     m = _GPU_RE.match(text.strip())
@@ -45,18 +54,16 @@ def parse_gpu(text: str) -> tuple[str, int]:
     return m.group(1), int(m.group(2) or 1)
 
 
-def _load(catalog: Path | None) -> Catalog:
+def _load(catalog: Path | None, *, warn: bool = True) -> Catalog:
     from pricing import load_catalog
-    from pricing.freshness import stale_warning
 
     try:
         cat = load_catalog(catalog)
     except BrokerError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    warning = stale_warning(cat)
-    if warning:
-        typer.echo(warning, err=True)
+    if warn:
+        warn_if_stale(cat)
     return cat
 
 
@@ -85,11 +92,12 @@ def offers_command(
         except ValueError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
-    cat = _load(catalog)
+    cat = _load(catalog, warn=False)  # a usage error stays one line; the age warning comes once it is valid
     if acc is not None and cat.accelerator_code(acc) is None:
         known = ", ".join(sorted(a for a in cat.accelerators if a))
         typer.echo(f"error: --gpu: no offer carries accelerator {acc!r}. To fix: use one of {known}", err=True)
         raise typer.Exit(2)
+    warn_if_stale(cat)
     idx = cat.query(
         min_vcpus=min_vcpus, min_memory_gib=min_memory, gpus=n, accelerator=acc, providers=tuple(provider or ()),
         regions=tuple(region or ()), capacities=("spot",) if spot else ("on-demand",),

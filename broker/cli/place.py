@@ -35,18 +35,19 @@ def _fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
-def load_world(catalog_dir: Path | None, inventory: Path | None) -> tuple[Catalog, EgressModel, Inventory]:
+def load_world(catalog_dir: Path | None, inventory: Path | None, *,
+               warn: bool = True) -> tuple[Catalog, EgressModel, Inventory]:
     """``(catalog, egress, inventory)`` as ``broker place`` uses them (catalog dir / inventory from the
-    options or the ``BROKER_CATALOG_DIR`` / ``BROKER_INVENTORY`` / ``BROKER_EGRESS_CONFIG`` environment)."""
+    options or the ``BROKER_CATALOG_DIR`` / ``BROKER_INVENTORY`` / ``BROKER_EGRESS_CONFIG`` environment).
+    With ``warn``, a catalog older than 30 days is said on stderr (``broker.cli.catalog.warn_if_stale``)."""
+    from broker.cli.catalog import warn_if_stale
     from pricing import load_catalog, load_egress, load_inventory
-    from pricing.freshness import stale_warning
 
     inv = load_inventory(inventory)
     catalog = load_catalog(catalog_dir)
     egress = load_egress(sites=inv.sites)
-    warning = stale_warning(catalog)
-    if warning:
-        typer.echo(warning, err=True)
+    if warn:
+        warn_if_stale(catalog)
     return catalog, egress, inv
 
 
@@ -77,7 +78,7 @@ def place_command(
     from policies.placement import place
 
     try:
-        cat, egress, inv = load_world(catalog, inventory)
+        cat, egress, inv = load_world(catalog, inventory, warn=False)  # warned once the spec is good
     except SpecError as exc:
         raise _fail(str(exc), EXIT_INVALID) from None
     except BrokerError as exc:
@@ -87,6 +88,9 @@ def place_command(
         specs = load_spec_file(spec, location_exists=lambda k: cat.has_location(k) or k in site_keys)
     except SpecError as exc:
         raise _fail(str(exc), EXIT_INVALID) from None
+    from broker.cli.catalog import warn_if_stale
+
+    warn_if_stale(cat)
     extra = inv.offers()
     results = []
     for js in specs:
