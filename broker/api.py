@@ -684,11 +684,12 @@ def job_logs(
     stream: Annotated[str, Query(pattern="^(stdout|stderr)$")] = "stdout",
     tail_bytes: Annotated[int, Query(ge=1, le=16 * 1024 * 1024)] = 1024 * 1024,
 ) -> PlainTextResponse:
-    """The ``stdout`` (or ``stderr``) of the job's on-prem run, last ``tail_bytes`` bytes. For a cloud run:
-    the log tail its VM reported with its exit code (stdout and stderr together, so ``stderr`` is empty)."""
+    """The ``stdout`` (or ``stderr``) of the job's on-prem run, last ``tail_bytes`` bytes."""
     row = _get_row(session, ns, job_id)
     instances = _loads(row.instances_json) or []
     pool = hb.providers.get("onprem")
+    # a cloud run: the log tail its VM reported with its exit code, from the job's final event (stdout and
+    # stderr together, so ``stderr`` is empty); see docs/PROVIDERS.md
     if row.provider and row.provider != "onprem":
         tails = [_loads(d) or {} for d in session.execute(
             sa.select(_events.c.data_json).where(_events.c.job_id == row.id, _events.c.data_json.like(
