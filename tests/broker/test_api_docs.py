@@ -14,7 +14,7 @@ import pytest
 from tests.broker.service_support import ADMIN_H, job_doc, make_app, serve_in_thread
 from tests.reports.test_reports_browser import driver  # noqa: F401 - the headless Chromium fixture
 
-UNAUTHENTICATED = {"/healthz", "/readyz", "/metrics", "/v1/edge/enroll", "/v1/edge/renew", "/v1/edge/crl",
+UNAUTHENTICATED = {"/healthz", "/readyz", "/v1/edge/enroll", "/v1/edge/renew", "/v1/edge/crl",
                    "/v1/edge/probe"}
 
 
@@ -84,6 +84,7 @@ def test_the_schema_declares_the_bearer_token_and_every_protected_operation_uses
         assert (op.get("security") == [{name: []}]) is (path not in UNAUTHENTICATED), (method, path)
     # what the schema says is what the server does
     assert httpx.get(f"{base_url}/v1/whoami").status_code == 401
+    assert httpx.get(f"{base_url}/metrics").status_code == 401  # admin only: it counts every namespace
     assert httpx.get(f"{base_url}/healthz").status_code == 200
 
 

@@ -86,7 +86,7 @@ def test_broker_mqtt_config_and_the_terraform_mosquitto_agree_on_the_queue_limit
 
     monkeypatch.setenv("BROKER_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.delenv("BROKER_DATABASE_URL", raising=False)
-    for args in (["ca", "init"], ["mqtt", "config", "--out", str(tmp_path / "mqtt")]):
+    for args in (["ca", "init", "--local"], ["mqtt", "config", "--out", str(tmp_path / "mqtt")]):
         with pytest.raises(SystemExit) as exc:
             main(args)
         assert exc.value.code in (0, None), capsys.readouterr().err

@@ -164,7 +164,7 @@ def test_the_collector_exports_fleet_series_and_keeps_them_as_history(tmp_path: 
         c.post("/v1/namespaces/team/jobs", json=job_doc("waits", cpu="64", providers=["onprem"]), headers=ADMIN_H)
         clock.advance(30)
         hb.scheduler.run_cycle()  # places and starts etl on aws; the ops hook collects
-        text = c.get("/metrics").text
+        text = c.get("/metrics", headers=ADMIN_H).text  # admin only (issue 17)
     assert 'hb_network_bytes_total{dst="aws",src="gcp"} 3.221225472e+09' in text
     assert "hb_provisioning_latency_seconds_count 1.0" in text
     assert 'hb_spend_usd_per_hour{namespace="team",provider="aws"}' in text
