@@ -25,6 +25,18 @@ from tests.conftest import pg_schema
 pytestmark = pytest.mark.network
 
 
+def _until_backend_gone(conn: sa.Connection, pid: int | None, seconds: float = 10.0) -> None:
+    """Wait (bounded) until backend ``pid`` has exited and so released its advisory locks."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))  # the view is cached per transaction
+        alive = conn.execute(sa.text("SELECT count(*) FROM pg_stat_activity WHERE pid = :p"), {"p": pid}).scalar()
+        if not alive:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"backend {pid} still alive after {seconds} s")
+
+
 def test_a_leader_whose_lock_session_dies_is_fenced_out_and_its_successor_bumps_the_epoch(
     pg_database: str | None,
 ) -> None:
@@ -39,6 +51,7 @@ def test_a_leader_whose_lock_session_dies_is_fenced_out_and_its_successor_bumps_
                 a.fence(session)  # a's writes go through while it leads
             with a_store.engine.connect() as admin:  # what a database restart does to a's lock session
                 admin.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": a.backend_pid})
+                _until_backend_gone(admin, a.backend_pid)  # terminate only signals; the lock goes with the exit
             assert b.check() and b.epoch == a.epoch + 1
             with pytest.raises(FencedOut, match="ended"), a_store.tx() as session:
                 a.fence(session)  # a still believes it leads, until it asks
