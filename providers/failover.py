@@ -179,7 +179,7 @@ def provision(
             if isinstance(exc, AuthError):
                 break
             continue
-        caps = getattr(provider, "capabilities", frozenset())
+        caps: frozenset[Capability] = getattr(provider, "capabilities", frozenset())
         if job is not None and job.command and not ({Capability.RUNS_WORK, Capability.DRY_RUN} & set(caps)):
             last_error = InvalidRequestError(
                 f"{option.provider} cannot run a job's command (no {Capability.RUNS_WORK.value} capability). "
