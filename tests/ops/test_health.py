@@ -147,9 +147,9 @@ def test_a_lost_hosts_job_resumes_elsewhere_from_its_checkpoint_and_completes_on
         fence = next(e for e in events if e.from_state == "RUNNING" and e.to_state == "PENDING")
         assert f"host {lost} lost" in fence.reason
         assert json.loads(fence.data_json)["fenced_request_id"] == first.request_id
-        old = [i for i in hb.providers["onprem"].instances() if i.tags.get("hb-request") == first.request_id]
-        # the fenced run is stopped: the pool lists it as terminated, or has forgotten it once ended (issue 17)
-        assert all(i.state.value == "terminated" for i in old)
+        # the fenced run is stopped; the pool may have forgotten an ended run, so read it by id (from disk)
+        old = [hb.providers["onprem"].instance(i["id"]) for i in json.loads(first.instances_json)]
+        assert old and all(i.state.value == "terminated" for i in old)
         from broker.ops.samples import read_series
 
         with hb.store.read() as session:  # the ended run's kernel accounting, kept for VPA
@@ -220,9 +220,9 @@ def test_a_failing_liveness_probe_restarts_the_job_and_readiness_follows_its_pro
             restarted = _job(session, job_id)
         assert states["readiness"].ready is False and states["liveness"].failures == 3
         assert restarted.state == "PENDING" and restarted.request_id != first.request_id
-        old = [i for i in hb.providers["onprem"].instances() if i.tags.get("hb-request") == first.request_id]
-        # the fenced run is stopped: the pool lists it as terminated, or has forgotten it once ended (issue 17)
-        assert all(i.state.value == "terminated" for i in old)
+        # the fenced run is stopped; the pool may have forgotten an ended run, so read it by id (from disk)
+        old = [hb.providers["onprem"].instance(i["id"]) for i in json.loads(first.instances_json)]
+        assert old and all(i.state.value == "terminated" for i in old)
         status["code"] = 200
         sched.run_cycle()
         with hb.store.read() as session:

@@ -83,6 +83,23 @@ def make_job(
     )
 
 
+def wait_states(provider: Any, request_id: str, states: set[InstanceState], seconds: float = 30.0,
+                poll: float = 0.1) -> list[Instance]:
+    """Poll ``provider.instances()`` (bounded) until the request has instances and all are in ``states``."""
+    import time
+
+    from providers.base import TAG_REQUEST
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        got = provider.instances({TAG_REQUEST: request_id})
+        if got and all(i.state in states for i in got):
+            return list(got)
+        time.sleep(poll)
+    raise AssertionError(f"{request_id}: not all in {sorted(s.value for s in states)} after {seconds}s: "
+                         f"{provider.instances({TAG_REQUEST: request_id})}")
+
+
 def wait_ended(provider: Any, request_id: str, timeout: float = 30.0) -> Instance:
     """Poll ``provider.instances()`` (bounded, 50 ms apart) until the request's one instance has ended."""
     import time

@@ -28,6 +28,7 @@ from broker.model import Capacity, InstanceState, JobSpec, Request, SiteKind
 from providers import registry
 from providers.base import Provider
 from tests.broker.service_support import free_port
+from tests.providers.builders import wait_states
 
 ENDED = {InstanceState.SUCCEEDED, InstanceState.FAILED, InstanceState.TERMINATED}
 
@@ -105,18 +106,10 @@ def pool(ray_head: str) -> Iterator[Any]:
         p.terminate(live, "test-cleanup")
 
 
+
 def _job(command: list[str], *, vcpus: float = 1, **kw: Any) -> JobSpec:
     return JobSpec(name="j", request=Request(name="j", vcpus=vcpus, memory_gib=0.0), command=tuple(command), **kw)
 
-
-def _wait(pool: Any, request_id: str, states: set[InstanceState], seconds: float = 60.0) -> list[Any]:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        got = pool.instances({"hb-request": request_id})
-        if got and all(i.state in states for i in got):
-            return got
-        time.sleep(0.2)
-    raise AssertionError(pool.instances({"hb-request": request_id}))
 
 
 def test_states_and_submission_ids() -> None:
@@ -146,8 +139,8 @@ def test_runs_report_exit_codes_logs_and_tags(pool: Any) -> None:
                       job=_job(["sh", "-c", 'echo "out $HB_JOB $GREETING"; exit 4'], env={"GREETING": "hi"}))
     good = pool.launch(offer, 1, "ray-req-ok", tags={"hb-job": "job-r2"},
                        job=_job([sys.executable, "-c", "import ray; print('py', ray.__version__ > '2')"]))
-    (failed,) = _wait(pool, "ray-req-fail", ENDED)
-    (done,) = _wait(pool, "ray-req-ok", ENDED)
+    (failed,) = wait_states(pool, "ray-req-fail", ENDED, seconds=60)
+    (done,) = wait_states(pool, "ray-req-ok", ENDED, seconds=60)
     assert (failed.state, failed.exit_code, failed.id) == (InstanceState.FAILED, 4, bad[0].id)
     assert (done.state, done.exit_code, done.id) == (InstanceState.SUCCEEDED, 0, good[0].id)
     assert "out job-r1 hi" in pool.logs(failed.id)
@@ -172,9 +165,9 @@ def test_a_relaunch_with_the_same_request_id_submits_no_second_job_and_terminate
     listed = [j for j in JobSubmissionClient(ray_head).list_jobs() if (j.metadata or {}).get("hb-job") == "job-idem"]
     assert len(listed) == 2
     # Terminate: a running job is stopped (terminated); ended and unknown ids are ignored.
-    _wait(pool, "ray-req-idem", {InstanceState.RUNNING})
+    wait_states(pool, "ray-req-idem", {InstanceState.RUNNING}, seconds=60)
     pool.terminate([i.id for i in first], "ray-req-idem:done")
-    gone = _wait(pool, "ray-req-idem", ENDED, seconds=30)
+    gone = wait_states(pool, "ray-req-idem", ENDED, seconds=30)
     assert {i.state for i in gone} == {InstanceState.TERMINATED}
     pool.terminate([first[0].id, "hb-never-submitted-0"], "again")
 

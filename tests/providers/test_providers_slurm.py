@@ -22,6 +22,7 @@ from broker.model import Capacity, InstanceState, JobSpec, Offer, Request, SiteK
 from providers import registry
 from providers.base import Provider
 from providers.slurm import SlurmPool, decode_comment, encode_comment, parse_gres_gpus, slurm_state
+from tests.providers.builders import wait_states
 from tests.providers.slurm_support import Cluster, missing_tools, slurm_cluster
 
 NODES = (("n1", 4, 4000, "main"), ("n2", 4, 4000, "main"), ("g1", 8, 8000, "big"))
@@ -51,19 +52,11 @@ def _offer(pool: SlurmPool, partition: str) -> Offer:
     return next(o for o in pool.offers() if o.instance_type.name == partition)
 
 
+
 def _job(command: list[str], *, vcpus: float = 1, memory_gib: float = 0.25, **kw: Any) -> JobSpec:
     return JobSpec(name="j", request=Request(name="j", vcpus=vcpus, memory_gib=memory_gib),
                    command=tuple(command), **kw)
 
-
-def _wait(pool: SlurmPool, request_id: str, states: set[InstanceState], seconds: float = 30.0) -> list[Any]:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        got = pool.instances({"hb-request": request_id})
-        if got and all(i.state in states for i in got):
-            return got
-        time.sleep(0.1)
-    raise AssertionError(pool.instances({"hb-request": request_id}))
 
 
 # -- pure helpers ------------------------------------------------------------------------------------------
@@ -116,8 +109,8 @@ def test_a_run_reports_its_exit_code_and_logs_and_carries_the_job_id(slurm: Clus
                env={"GREETING": "hello"})
     pool.launch(_offer(pool, "main"), 1, "req-fail", tags={"hb-job": "job-fail", "hb-namespace": "ns1"}, job=job)
     ok = pool.launch(_offer(pool, "big"), 1, "req-ok", tags={"hb-job": "job-ok"}, job=_job(["true"]))
-    (failed,) = _wait(pool, "req-fail", ENDED)
-    (done,) = _wait(pool, "req-ok", ENDED)
+    (failed,) = wait_states(pool, "req-fail", ENDED)
+    (done,) = wait_states(pool, "req-ok", ENDED)
     assert (failed.state, failed.exit_code, failed.instance_type) == (InstanceState.FAILED, 3, "main")
     assert (done.state, done.exit_code, done.id) == (InstanceState.SUCCEEDED, 0, ok[0].id)
     out, err = pool.logs(failed.id)
@@ -153,9 +146,9 @@ def test_a_relaunch_with_the_same_request_id_submits_no_second_job(slurm: Cluste
 def test_terminate_cancels_the_batch_job_and_is_idempotent(slurm: Cluster, pool: SlurmPool) -> None:
     (inst,) = pool.launch(_offer(pool, "main"), 1, "req-cancel", tags={"hb-job": "job-cancel"},
                           job=_job(["sleep", "60"]))
-    _wait(pool, "req-cancel", {InstanceState.RUNNING})
+    wait_states(pool, "req-cancel", {InstanceState.RUNNING})
     pool.terminate([inst.id], "req-cancel:done")
-    (gone,) = _wait(pool, "req-cancel", ENDED)
+    (gone,) = wait_states(pool, "req-cancel", ENDED)
     assert gone.state is InstanceState.TERMINATED
     sid = inst.id.removeprefix("slurm-")
     assert slurm.cli("squeue", "-h", "-t", "all", "-j", sid, "-o", "%T").strip() == "CANCELLED"
@@ -166,7 +159,7 @@ def test_a_gang_gets_one_batch_job_per_node_on_distinct_nodes(pool: SlurmPool) -
     job = _job(["sh", "-c", "echo $SLURMD_NODENAME $HB_NODE"], vcpus=4)
     insts = pool.launch(_offer(pool, "main"), 2, "req-gang", tags={"hb-job": "job-gang"}, job=job)
     assert len({i.id for i in insts}) == 2
-    done = _wait(pool, "req-gang", ENDED)
+    done = wait_states(pool, "req-gang", ENDED)
     assert {i.state for i in done} == {InstanceState.SUCCEEDED}
     lines = sorted(pool.logs(i.id)[0].read_text().split()[0] for i in done)
     assert lines == ["n1", "n2"]  # 4 CPUs each: one per node of the partition
@@ -241,7 +234,7 @@ def test_another_process_lists_and_adopts_runs_it_did_not_launch(slurm: Cluster,
     (inst,) = first.launch(_offer(first, "main"), 1, "req-adopt", tags={"hb-job": "job-adopt"},
                            job=_job(["sh", "-c", "echo adopted; exit 2"]))
     second = SlurmPool(tmp_path / "b", conf=slurm.conf, log_dir=logs, env={})
-    (seen,) = _wait(second, "req-adopt", ENDED)
+    (seen,) = wait_states(second, "req-adopt", ENDED)
     assert (seen.id, seen.state, seen.exit_code) == (inst.id, InstanceState.FAILED, 2)
     assert seen.tags["hb-job"] == "job-adopt"
     assert second.logs(seen.id)[0].read_text() == "adopted\n"
