@@ -62,6 +62,13 @@ class Settings:
     load_balancing_tolerance: float = 0.01
     # --- who on-prem jobs run as (providers.sandbox): user | auto | off ---
     onprem_sandbox: str = "auto"
+    # --- fleet operations (broker.ops, docs/OPERATIONS.md) ---
+    ops_sample_seconds: float = 60.0
+    alert_eval_seconds: float = 60.0
+    heartbeat_timeout_seconds: float = 60.0
+    device_lost_after_seconds: float | None = None  # None: lost devices are left to the edge runner
+    alert_webhook_url: str | None = None
+    alert_webhook_secret: str | None = None
 
     @property
     def load_balancing_weights(self) -> dict[str, float]:
@@ -179,6 +186,14 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         load_balancing=env.get("BROKER_LOAD_BALANCING") or "least-loaded",
         load_balancing_tolerance=_ratio(env, "BROKER_LOAD_BALANCING_TOLERANCE", 0.01),
         onprem_sandbox=_choice(env, "BROKER_ONPREM_SANDBOX", "auto", ("user", "auto", "off")),
+        ops_sample_seconds=_number(env, "BROKER_OPS_SAMPLE_SECONDS", 60.0),
+        alert_eval_seconds=_number(env, "BROKER_ALERT_EVAL_SECONDS", 60.0),
+        heartbeat_timeout_seconds=_number(env, "BROKER_HEARTBEAT_TIMEOUT_SECONDS", 60.0),
+        device_lost_after_seconds=(_number(env, "BROKER_DEVICE_LOST_AFTER_SECONDS", 1.0)
+                                   if env.get("BROKER_DEVICE_LOST_AFTER_SECONDS", "0").strip() not in ("", "0")
+                                   else None),
+        alert_webhook_url=env.get("BROKER_ALERT_WEBHOOK_URL") or None,
+        alert_webhook_secret=env.get("BROKER_ALERT_WEBHOOK_SECRET") or None,
     )
     parse_load_balancing(settings.load_balancing)  # refuse a bad value at start, naming the key
     settings = settings.with_overrides(**overrides)
@@ -186,4 +201,7 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         raise SpecError("BROKER_GANG_SPREAD", f"must be one of {', '.join(GANG_POLICIES)}, got "
                                               f"{settings.gang_spread!r}. To fix: use pack or spread")
     parse_load_balancing(settings.load_balancing)
+    if bool(settings.alert_webhook_url) != bool(settings.alert_webhook_secret):
+        raise SpecError("BROKER_ALERT_WEBHOOK_URL", "set both BROKER_ALERT_WEBHOOK_URL and "
+                                                    "BROKER_ALERT_WEBHOOK_SECRET (webhooks are signed), or neither")
     return settings

@@ -13,8 +13,6 @@ Environment: ``BROKER_ALERT_WEBHOOK_URL`` and ``BROKER_ALERT_WEBHOOK_SECRET`` (b
 
 from __future__ import annotations
 
-import logging
-import os
 from datetime import datetime
 from typing import Any
 
@@ -24,39 +22,22 @@ from broker.ops.webhooks import WebhookSender
 
 __all__ = ["OpsService", "install_ops"]
 
-log = logging.getLogger("broker.ops")
-
-
-def _float_env(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        log.error("%s=%r is not a number; using %s", name, raw, default)
-        return default
-
-
 class OpsService:
     """The per-cycle work of fleet operations for one app (see the module docstring)."""
 
     def __init__(self, state: Any, *, webhook: WebhookSender | None = None) -> None:
         self.state = state
-        self.collector = Collector(state, interval_seconds=_float_env("BROKER_OPS_SAMPLE_SECONDS", 60.0))
-        if webhook is None:
-            url, secret = os.environ.get("BROKER_ALERT_WEBHOOK_URL"), os.environ.get("BROKER_ALERT_WEBHOOK_SECRET")
-            if url and secret:
-                webhook = WebhookSender(url, secret)
-            elif url or secret:
-                log.error("alert webhook not configured: set both BROKER_ALERT_WEBHOOK_URL and _SECRET")
+        settings = state.settings  # BROKER_OPS_* / BROKER_ALERT_* / ..., validated by broker.config
+        self.collector = Collector(state, interval_seconds=settings.ops_sample_seconds)
+        if webhook is None and settings.alert_webhook_url and settings.alert_webhook_secret:
+            webhook = WebhookSender(settings.alert_webhook_url, settings.alert_webhook_secret)
         self.alerts = AlertEngine(state.store, state.clock, metrics=state.metrics, webhook=webhook)
-        self.alert_interval_seconds = _float_env("BROKER_ALERT_EVAL_SECONDS", 60.0)
+        self.alert_interval_seconds = settings.alert_eval_seconds
         from broker.ops.health import HealthMonitor
 
         self.health: Any = HealthMonitor(
-            state, heartbeat_timeout_seconds=_float_env("BROKER_HEARTBEAT_TIMEOUT_SECONDS", 60.0),
-            device_timeout_seconds=_float_env("BROKER_DEVICE_LOST_AFTER_SECONDS", 0.0) or None)
+            state, heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds,
+            device_timeout_seconds=settings.device_lost_after_seconds)
         from broker.ops.autoscale import PoolAutoscaler
 
         self.autoscaler: Any = PoolAutoscaler(state)
