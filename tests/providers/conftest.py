@@ -75,16 +75,21 @@ def pki(tmp_path_factory: pytest.TempPathFactory):
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
-@pytest.fixture(scope="session")
-def azure_fake(pki):
-    from .fake_azure import ServerThread, make_app
-
-    app = make_app()
-    with ServerThread(app, pki.server_cert, pki.server_key) as srv:
-        srv.app = app  # type: ignore[attr-defined]
+def _serve_fake(module: Any, pki: Any, *args: Any) -> Iterator[Any]:
+    """Serve one HTTPS fake (``fake_azure`` / ``fake_gcp``) for the session; its guests are cleaned up after."""
+    app = module.make_app(*args)
+    with module.ServerThread(app, pki.server_cert, pki.server_key) as srv:
+        srv.app = app
         yield srv
     for guest in list(app.state.guests.values()):
         guest.cleanup()
+
+
+@pytest.fixture(scope="session")
+def azure_fake(pki):
+    from . import fake_azure
+
+    yield from _serve_fake(fake_azure, pki)
 
 
 @pytest.fixture(scope="session")
@@ -142,14 +147,9 @@ def gcp_creds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def gcp_fake(pki) -> Iterator[Any]:
-    from .fake_gcp import ServerThread, make_app
+    from . import fake_gcp
 
-    app = make_app(GCP_PROJECT)
-    with ServerThread(app, pki.server_cert, pki.server_key) as srv:
-        srv.app = app  # type: ignore[attr-defined]
-        yield srv
-    for guest in list(app.state.guests.values()):
-        guest.cleanup()
+    yield from _serve_fake(fake_gcp, pki, GCP_PROJECT)
 
 
 @pytest.fixture(scope="session")
