@@ -196,17 +196,20 @@ def get_heartbeats(_: Annotated[Principal, Depends(current_principal)],
 @router.put("/v1/ops/pools/{name}", summary="Create or change a broker-owned elastic pool (kind: Pool, YAML or JSON)")
 async def put_pool(name: str, request: Request, _: Annotated[Principal, Depends(require_admin)],
                    hb: Annotated[Any, Depends(get_state)]) -> dict[str, Any]:
-    import yaml
-
     from broker.ops.autoscale import put_pool as store_pool
 
     if not _NAME.match(name):
         raise HTTPException(status_code=422, detail="name: lower-case letters, digits and '-', at most 63")
+    from broker.spec import load_documents  # bounded, duplicate keys refused, errors with line and column
+
     body = await request.body()
     try:
-        doc = yaml.safe_load(body.decode("utf-8")) if body else None
-    except (UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise HTTPException(status_code=422, detail=f"the body is not a YAML or JSON document: {exc}") from None
+        docs = load_documents(body) if body else []
+    except SpecError as exc:
+        raise _bad(exc) from None
+    if len(docs) > 1:
+        raise HTTPException(status_code=422, detail=f"expected one Pool document, got {len(docs)}")
+    doc = docs[0] if docs else None
 
     def store() -> Any:
         with hb.store.tx() as session:

@@ -193,7 +193,6 @@ def replay_run(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Re-run a trace through the real scheduler in simulated time; report waits, deadline misses, spend."""
-    import yaml
 
     from broker.ops.replay import read_trace, replay
 
@@ -203,10 +202,14 @@ def replay_run(
         raise SpecError("--tick", "must be > 0")
     docs: list[Any] = []
     if policies is not None:
+        from broker.spec import load_documents
+
         try:
-            docs = [d for d in yaml.safe_load_all(policies.read_text(encoding="utf-8")) if d]
-        except (OSError, yaml.YAMLError) as exc:
-            raise SpecError(str(policies), f"cannot read policy documents: {exc}") from None
+            docs = load_documents(policies.read_bytes())
+        except OSError as exc:
+            raise SpecError(str(policies), f"cannot read policy documents: {exc.strerror}") from None
+        except SpecError as exc:
+            raise SpecError(str(policies), str(exc)) from None
     names = tuple(p.strip() for p in providers.split(",") if p.strip())
     if "onprem" in names and inventory is None:
         names = tuple(p for p in names if p != "onprem")

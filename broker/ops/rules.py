@@ -30,8 +30,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from broker.errors import SpecError
 
 __all__ = [
@@ -235,12 +233,12 @@ def _condition(r: Mapping[str, Any], w: str) -> StaticCondition | Baseline | Ano
 def parse_rules(text: str | Mapping[str, Any]) -> list[RuleGroup]:
     """Parse a rules document (YAML text or an already loaded mapping); raises SpecError on any mistake."""
     if isinstance(text, str):
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            raise SpecError("", f"not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+        from broker.spec import load_documents  # bounded (no YAML bombs), duplicate keys refused
+
+        docs = load_documents(text)
+        if len(docs) > 1:
+            raise SpecError("", f"expected one rules document, got {len(docs)}. To fix: one document per PUT/file")
+        doc = docs[0] if docs else None
     else:
         doc = text
     top = _mapping(doc, "(document)", {"groups"})

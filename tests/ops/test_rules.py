@@ -29,7 +29,8 @@ def test_the_example_rules_parse_to_their_conditions() -> None:
 
 
 @pytest.mark.parametrize("text,field", [
-    ("groups: [", "not valid YAML"),
+    ("groups: [", "malformed YAML at line 1"),
+    ("groups: [{name: g, rules: [{alert: A, expr: 'cpu > 1'}]}]\ngroups: []", "duplicate key 'groups' at line 2"),
     ("- 1", "(document)"),
     ("groups: []", "groups"),
     ("groups: [{name: g, rules: [{alert: A}]}]", "groups[0].rules[0]"),
@@ -41,7 +42,7 @@ def test_the_example_rules_parse_to_their_conditions() -> None:
     ("groups: [{name: g, rules: [{alert: A, anomaly: {metrics: []}}]}]", "anomaly.metrics"),
     ("groups: [{name: g, rules: [{alert: A, expr: 'x > 1'}, {alert: A, expr: 'y > 1'}]}]", "defined twice"),
     ("groups: [{name: g, rules: [{alert: A, expr: 'cpu{host=h1} > 1'}]}]", 'label="value"'),
-], ids=["yaml", "not-a-mapping", "no-groups", "no-condition", "bad-expr", "bad-for", "bad-severity",
+], ids=["yaml", "duplicate-key", "not-a-mapping", "no-groups", "no-condition", "bad-expr", "bad-for", "bad-severity",
         "unknown-key", "bad-method", "empty-metrics", "duplicate", "unquoted-matcher"])
 def test_a_bad_rules_document_is_one_clear_error(text: str, field: str) -> None:
     with pytest.raises(SpecError) as info:
