@@ -208,6 +208,7 @@ class OptionOut(BaseModel):
     egress_usd: float
     transfer_hours: float
     total_usd: float
+    interruption_usd: float = Field(default=0.0, description="spot only: expected cost of interruptions")
 
 
 class JobDetailOut(JobOut):

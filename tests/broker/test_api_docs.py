@@ -127,3 +127,12 @@ def test_real_answers_match_the_documented_schemas(base_url: str, schema: dict[s
     bad = httpx.post(f"{base_url}/v1/namespaces/default/jobs", json={"kind": "Job"}, headers=ADMIN_H)
     assert bad.status_code == 422
     _validator(schema, "ErrorOut").validate(bad.json())
+
+
+def test_the_documented_option_is_the_place_json_contract() -> None:
+    """The schema's OPTION object and ``PlacementOption.CONTRACT_KEYS`` are one list (a field added to the
+    contract, such as ``interruption_usd``, must appear in /docs too)."""
+    from broker.api_models import OptionOut
+    from broker.model import PlacementOption
+
+    assert list(OptionOut.model_fields) == list(PlacementOption.CONTRACT_KEYS)
