@@ -370,6 +370,9 @@ class Provenance:
     duplicates: int = 0
     outliers: int = 0
     provider: str = ""
+    # Rows of this source left out because a later dated price change makes their price wrong
+    # (pricing/data/price-changes.csv); the list-price table puts back the current price where it knows it.
+    superseded: int = 0
 
 
 class InstanceState(StrEnum):

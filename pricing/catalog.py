@@ -465,6 +465,12 @@ class Catalog:
         cols = {k: getattr(self, k)[indices] for k in _COLUMNS}
         return Catalog(cols, **self._table_kwargs())
 
+    def with_provenance(self, provenance: Sequence[Provenance]) -> Catalog:
+        """The same rows with other provenance records (e.g. counts updated by a loader)."""
+        kw = self._table_kwargs()
+        kw["provenance"] = tuple(provenance)
+        return Catalog({k: getattr(self, k) for k in _COLUMNS}, **kw)
+
     def derived(self, key: str, build: Callable[[], Any]) -> Any:
         """``build()``, computed once per catalog object and kept under ``key`` (for indexes that users of
         the catalog derive from its immutable columns, e.g. placement's offer groups)."""

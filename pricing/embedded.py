@@ -10,6 +10,10 @@ its own ``updated`` field), specs from ``libcloud.compute.constants.ec2_instance
   Linux/RHEL/SUSE/Windows), so the embedded catalog has no AWS spot.
 * **List prices** (``pricing/data/list-prices.csv``, dated per row with its source URL): merged over
   Libcloud's rows (see :func:`load_list_prices`); retired regions (:data:`RETIRED_REGIONS`) are dropped.
+* **Price changes** (``pricing/data/price-changes.csv``, dated, with their source): an instance type whose
+  list price changed after Libcloud's snapshot (AWS P4d/P4de/P5/P5en, cut up to 45% from 2025-06-01) keeps
+  none of Libcloud's rows: a price known to be wrong is never shown or placed on. Those rows are counted
+  as ``superseded``; the list-price table puts back the current price in the regions it states.
 * **Azure** (``azure_linux``): sizes are bare lowercase names (``standardd2sv3``); vCPUs and memory come from
   the classic size table Libcloud ships (A0-A11, D1-D14) or are parsed from the name for the families whose
   name carries the vCPU count and whose memory per vCPU is fixed (Av2, B, D/Ds v2-v4, E v3/v4, F, Fs v2,
@@ -35,6 +39,7 @@ import importlib.util
 import json
 import re
 import sys
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
@@ -44,10 +49,11 @@ from broker.errors import CatalogError
 from broker.model import Provenance
 from pricing.catalog import Catalog, CatalogBuilder
 
-__all__ = ["load_embedded", "libcloud_pricing_path", "load_list_prices", "LIST_PRICES_PATH", "RETIRED_REGIONS",
-           "EC2_ACCELERATORS", "SPOT_SOURCE_SUFFIX"]
+__all__ = ["load_embedded", "libcloud_pricing_path", "load_list_prices", "load_price_changes", "PriceChange",
+           "LIST_PRICES_PATH", "PRICE_CHANGES_PATH", "RETIRED_REGIONS", "EC2_ACCELERATORS", "SPOT_SOURCE_SUFFIX"]
 
 LIST_PRICES_PATH = Path(__file__).parent / "data" / "list-prices.csv"
+PRICE_CHANGES_PATH = Path(__file__).parent / "data" / "price-changes.csv"
 LIST_PRICES_SOURCE = "list-prices.csv"
 # Regions Libcloud still prices that no longer exist (Azure Germany sovereign cloud, closed 2021-10-29).
 RETIRED_REGIONS: frozenset[str] = frozenset({"azure:germanycentral", "azure:germanynortheast"})
@@ -220,7 +226,66 @@ def load_embedded(pricing_path: str | Path | None = None, *, list_prices: bool =
             b.provenance.append(Provenance(source=source, date=date, rows=rows, dropped=dropped,
                                            provider=provider))
     cat = b.build()
-    return cat.merged_with(load_list_prices()) if list_prices else cat
+    if not list_prices:
+        return cat
+    return _without_superseded(cat, load_price_changes(), date).merged_with(load_list_prices())
+
+
+@dataclass(frozen=True, slots=True)
+class PriceChange:
+    """A dated list-price change of one instance type (all regions) from ``price-changes.csv``."""
+
+    provider: str
+    instance_type: str
+    capacity: str
+    effective: str
+    source_url: str
+    note: str
+
+
+def load_price_changes(path: str | Path | None = None) -> list[PriceChange]:
+    """The dated price changes the repository states (``pricing/data/price-changes.csv``). Raises
+    :class:`CatalogError` naming the row for a bad cell."""
+    import csv
+
+    p = Path(path) if path else PRICE_CHANGES_PATH
+    out: list[PriceChange] = []
+    try:
+        with p.open(newline="", encoding="utf-8") as f:
+            for n, row in enumerate(csv.DictReader(f), start=2):
+                try:
+                    change = PriceChange(**{k: (row[k] or "").strip() for k in PriceChange.__dataclass_fields__})
+                    datetime.fromisoformat(change.effective)
+                    if change.capacity not in ("on-demand", "spot") or not change.source_url:
+                        raise ValueError("capacity must be on-demand or spot, and source_url set")
+                except (KeyError, ValueError, TypeError) as exc:
+                    raise CatalogError(f"{p}:{n}: bad price-change row ({exc}). To fix: see the header") from None
+                out.append(change)
+    except OSError as exc:
+        raise CatalogError(f"cannot read the price-change table {p}: {exc}") from exc
+    return out
+
+
+def _without_superseded(cat: Catalog, changes: list[PriceChange], date: str) -> Catalog:
+    """``cat`` without the rows of every (provider, type, capacity) whose price changed after ``date`` (the
+    data's own date), each dropped row counted as ``superseded`` on its source's provenance record."""
+    import numpy as np
+
+    drop = np.zeros(len(cat), dtype=bool)
+    for ch in changes:
+        if not date or ch.effective <= date or ch.provider not in cat.providers or \
+                ch.instance_type not in cat.type_names:
+            continue
+        drop |= ((cat.provider_code == cat.providers.index(ch.provider))
+                 & (cat.type_code == cat.type_names.index(ch.instance_type))
+                 & (cat.cap_code == (1 if ch.capacity == "spot" else 0)))
+    if not drop.any():
+        return cat
+    per_source = np.bincount(cat.src_code[drop], minlength=len(cat.sources))
+    counted = {s: int(per_source[i]) for i, s in enumerate(cat.sources) if per_source[i]}
+    kept = cat.subset(np.flatnonzero(~drop))
+    return kept.with_provenance([replace(p, superseded=p.superseded + counted.get(p.source, 0))
+                                 for p in kept.provenance])
 
 
 def load_list_prices(path: str | Path | None = None) -> Catalog:

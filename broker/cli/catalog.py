@@ -164,9 +164,25 @@ def _lacks(cat: Any, acc: str | None, n: int, providers: tuple[str, ...], spot: 
             parts.append(f"{prov}: {acc} but no {capacity} {acc} offers")
         else:
             parts.append(f"{prov}: has {capacity} offers, none with these resources/regions")
+        gone = _superseded_types(cat, prov, acc, capacity)
+        if gone:
+            parts[-1] += (f" ({', '.join(gone)}: Libcloud's rows left out, their list price changed later; "
+                          "see docs/CATALOG.md)")
     versions = f"catalog {cat.version}"
     return ("; ".join(parts) + f" ({versions}). To fix: widen the filters, or load a catalog that has them "
             "(broker catalog refresh, --catalog DIR)")
+
+
+def _superseded_types(cat: Any, provider: str, acc: str | None, capacity: str) -> list[str]:
+    """Instance types of ``provider`` (with accelerator ``acc`` when given) whose embedded rows were left out
+    as superseded by a dated price change, when the catalog counts any."""
+    if not any(p.provider == provider and p.superseded for p in cat.provenance):
+        return []
+    from pricing.embedded import EC2_ACCELERATORS, load_price_changes
+
+    return sorted(ch.instance_type for ch in load_price_changes()
+                  if ch.provider == provider and ch.capacity == capacity
+                  and (acc is None or EC2_ACCELERATORS.get(ch.instance_type.split(".")[0]) == acc))
 
 
 @catalog_app.command("info")
@@ -188,6 +204,7 @@ def info_command(
         rows.append({
             "provider": p.provider, "source": p.source, "date": p.date, "rows": p.rows, "offers": p.offers,
             "regions": regions, "outliers": p.outliers, "duplicates": p.duplicates, "dropped": p.dropped,
+            "superseded": p.superseded,
         })
     if json_out:
         sys.stdout.write(json.dumps({"version": cat.version, "offers": len(cat), "sources": rows}) + "\n")
@@ -196,7 +213,8 @@ def info_command(
     from rich.table import Table
 
     t = Table(title=f"catalog {cat.version}: {len(cat)} offers in {len(cat.locations)} locations")
-    cols = ("provider", "source", "date", "rows", "offers", "regions", "outliers", "duplicates", "dropped")
+    cols = ("provider", "source", "date", "rows", "offers", "regions", "outliers", "duplicates", "dropped",
+            "superseded")
     for c in cols:
         t.add_column(c, justify="left" if c in ("provider", "source", "date") else "right")
     for r in rows:
@@ -204,7 +222,8 @@ def info_command(
     Console(width=None if sys.stdout.isatty() else 200).print(t)
     Console(width=None if sys.stdout.isatty() else 200).print(
         "offers = rows in use after merging (a loaded catalog replaces embedded prices); "
-        "outliers are skipped by placement unless --include-outliers."
+        "outliers are skipped by placement unless --include-outliers; superseded = rows left out because "
+        "their list price changed later (pricing/data/price-changes.csv)."
     )
 
 

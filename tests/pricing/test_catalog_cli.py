@@ -44,3 +44,13 @@ def test_offers_carry_their_outlier_reason_and_old_prices_are_warned(capsys: pyt
     assert rows and all(r["provider"] == "gcp" and r["outlier_reason"] == "" for r in rows)
     assert rows[0]["hourly_usd"] == pytest.approx(29.387081)  # the dated list price (a2-highgpu-8g)
     assert "warning: catalog prices older than 30 days" in err
+
+
+def test_an_empty_query_names_the_types_left_out_as_superseded(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["catalog", "offers", "--gpu", "H100:8", "--provider", "aws"], capsys)
+    line = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 1 and len(line) == 1
+    assert "aws: no H100 offers (p5.48xlarge: Libcloud's rows left out, their list price changed later" in line[0]
+    code, out, _ = run(["catalog", "info", "--json"], capsys)
+    ec2 = [s for s in json.loads(out)["sources"] if s["source"].endswith(":ec2_linux")]
+    assert code == 0 and len(ec2) == 1 and ec2[0]["superseded"] > 0

@@ -11,7 +11,14 @@ import pytest
 
 from broker.model import Capacity
 from pricing import Catalog, load_catalog
-from pricing.embedded import LIST_PRICES_PATH, RETIRED_REGIONS, load_embedded, load_list_prices
+from pricing.embedded import (
+    LIST_PRICES_PATH,
+    PRICE_CHANGES_PATH,
+    RETIRED_REGIONS,
+    load_embedded,
+    load_list_prices,
+    load_price_changes,
+)
 from tests.pricing.catalog_builders import real_catalog  # noqa: F401
 
 ROWS = list(csv.DictReader(LIST_PRICES_PATH.open(newline="")))
@@ -113,3 +120,49 @@ def test_placement_over_the_default_catalog_finds_the_listed_m5_xlarge(tmp_path:
     idx = cat.query(providers=["aws"], regions=["us-east-1"], min_vcpus=4, min_memory_gib=16)
     names = {cat.type_names[int(cat.type_code[i])]: float(cat.hourly_usd[i]) for i in idx}
     assert names["m5.xlarge"] == 0.192
+
+
+CHANGES = list(csv.DictReader(PRICE_CHANGES_PATH.open(newline="")))
+
+
+def test_a_price_changed_after_libcloud_s_snapshot_is_never_shown_from_libcloud(embedded: Catalog) -> None:
+    """AWS cut P4d/P4de/P5/P5en prices from 2025-06-01: Libcloud's 2025-03-02 rows of those types are left
+    out in every region (counted as superseded), and only the list-price table's current rows remain."""
+    raw = load_embedded(list_prices=False)
+    libcloud_date = next(p.date for p in raw.provenance if p.provider == "aws")
+    changed = {(c["provider"], c["instance_type"], c["capacity"]) for c in CHANGES if c["effective"] > libcloud_date}
+    assert {t for _, t, _ in changed} >= {"p4d.24xlarge", "p5.48xlarge"}
+    listed = {(r["provider"], r["region"], r["instance_type"], r["capacity"]) for r in ROWS}
+    got, before = _prices_of(embedded, changed), _prices_of(raw, changed)
+    assert len(before) > len(got)  # Libcloud prices them in many regions; eu-west-1 p4d at $35.40 among them
+    assert _prices(raw)[("aws:eu-west-1", "p4d.24xlarge", "on-demand")][0][0] == pytest.approx(35.3965, abs=1e-3)
+    assert ("aws:eu-west-1", "p4d.24xlarge", "on-demand") not in got
+    for (loc, itype, cap), srcs in got.items():
+        provider, region = loc.split(":", 1)
+        assert (provider, region, itype, cap) in listed and srcs == {"list-prices.csv"}, (loc, itype, srcs)
+    superseded = sum(p.superseded for p in embedded.provenance if p.source.endswith("ec2_linux"))
+    assert superseded == len(before)  # one Libcloud row per (region, type): every one of them counted
+
+
+def _prices_of(cat: Catalog, changed: set[tuple[str, str, str]]) -> dict[tuple[str, str, str], set[str]]:
+    out: dict[tuple[str, str, str], set[str]] = {}
+    for i in range(len(cat)):
+        prov = cat.providers[int(cat.provider_code[i])]
+        itype = cat.type_names[int(cat.type_code[i])]
+        cap = "spot" if cat.cap_code[i] == 1 else "on-demand"
+        if (prov, itype, cap) in changed:
+            out.setdefault((cat.locations[int(cat.loc_code[i])].key, itype, cap), set()).add(
+                cat.sources[int(cat.src_code[i])])
+    return out
+
+
+def test_the_price_change_table_is_dated_and_sourced_and_a_bad_row_names_its_line(tmp_path: Path) -> None:
+    from broker.errors import CatalogError
+
+    assert CHANGES and all(c["source_url"] and date.fromisoformat(c["effective"]) <= date.today() for c in CHANGES)
+    assert [c.instance_type for c in load_price_changes()] == [c["instance_type"] for c in CHANGES]
+    bad = tmp_path / "changes.csv"
+    lines = PRICE_CHANGES_PATH.read_text().splitlines()
+    bad.write_text("\n".join([lines[0], lines[1].replace(",2025-06-01,", ",June,")]) + "\n")
+    with pytest.raises(CatalogError, match=r"changes.csv:2: bad price-change row"):
+        load_price_changes(bad)
