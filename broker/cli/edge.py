@@ -167,16 +167,26 @@ def mqtt_config(
     bind: Annotated[str, typer.Option("--bind", help="listen address")] = "0.0.0.0",
     user: Annotated[str | None, typer.Option("--user", help="Mosquitto `user` (e.g. root for tests)")] = None,
     ca_dir: Annotated[Path | None, typer.Option("--ca-dir", help="CA directory (default <data dir>/ca)")] = None,
+    dynsec_plugin: Annotated[str | None, typer.Option(
+        "--dynsec-plugin", help="path of mosquitto_dynamic_security.so (default: found in the usual places)")] = None,
 ) -> None:
-    """Write a production Mosquitto config: mTLS, CN as username, CRL, per-device ACL, persistence."""
+    """Write a production Mosquitto config: mTLS, CN as username, CRL, per-device access control in the
+    dynamic-security plugin (kept in step with the registry by the gateway), persistence."""
     from broker.errors import NotFoundError
     from edge.mqttconf import MosquittoConfig, write_config
 
     d = _ca_dir(_settings(), ca_dir)
     if not (d / "server.pem").exists():
         raise NotFoundError(f"no CA in {d}. To fix: run `broker ca init` first")
-    conf = write_config(out, ca_file=d / "ca.pem", cert_file=d / "server.pem", key_file=d / "server.key",
-                        crl_file=d / "crl.pem", config=MosquittoConfig(port=port, bind_address=bind, user=user))
+    if dynsec_plugin is not None and not Path(dynsec_plugin).is_file():
+        raise NotFoundError(f"--dynsec-plugin {dynsec_plugin}: no such file. To fix: pass the path of "
+                            "mosquitto_dynamic_security.so (dpkg -L mosquitto | grep dynamic)")
+    try:
+        conf = write_config(out, ca_file=d / "ca.pem", cert_file=d / "server.pem", key_file=d / "server.key",
+                            crl_file=d / "crl.pem", config=MosquittoConfig(port=port, bind_address=bind, user=user,
+                                                                           dynsec_plugin=dynsec_plugin))
+    except FileNotFoundError as exc:
+        raise NotFoundError(str(exc)) from exc
     typer.echo(f"wrote {conf}; start with: mosquitto -c {conf}")
 
 
