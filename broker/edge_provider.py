@@ -117,6 +117,8 @@ def _task_footprint(body_json: str) -> tuple[float, float]:
 class _Device:
     namespace: str
     last_seen: datetime | None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    revoked: bool = False
 
 
 @dataclass
@@ -158,7 +160,8 @@ class EdgeFleet:
         with self.store.read() as s:
             offers = devices.device_offers(s, now, max_offline_s=self.max_wait_s)
             sites = devices.device_sites(s, now, max_offline_s=self.max_wait_s)
-            known = {d.id: _Device(d.namespace, None if d.last_seen is None else utc(d.last_seen))
+            known = {d.id: _Device(d.namespace, None if d.last_seen is None else utc(d.last_seen),
+                                   devices.device_labels(d), d.revoked_at is not None)
                      for d in devices.list_devices(s)}
             tasks = devices.EdgeTaskRow.__table__  # type: ignore[attr-defined]
             given_up: dict[str, dict[str, datetime]] = {}
@@ -211,7 +214,9 @@ class EdgeFleet:
         """The subset of ``offers`` job ``job_id`` may use, a signature of the devices kept (a cache key
         for equal requests), and the devices it would rather wait for.
 
-        Non-edge offers pass. A device offer passes when the device is in ``namespace``, was seen within
+        Non-edge offers pass (a job with a ``node_selector`` has only edge in its providers). A device offer
+        passes when the device carries every label of the request's ``node_selector``, is in ``namespace``,
+        was seen within
         ``offline_after_s + wait_allowance_s``, and did not lose this job's task without being heard from
         since. A device left out only for that last reason, still within the job's wait, is "waited for":
         the scheduler holds the job instead of failing it when nothing else is feasible."""
@@ -228,6 +233,8 @@ class EdgeFleet:
             dev = view.devices.get(o.location.region)
             if dev is None or dev.namespace != namespace or dev.last_seen is None:
                 continue
+            if any(dev.labels.get(k) != v for k, v in request.node_selector):
+                continue
             if (now - dev.last_seen).total_seconds() > self.offline_after_s + wait_s:
                 continue
             gave_up_at = lost_here.get(o.location.region)
@@ -243,6 +250,22 @@ class EdgeFleet:
             kept.append(o)
             devices.append(o.location.region)
         return kept, tuple(sorted(devices)), tuple(sorted(waiting))
+
+
+    def unmatched_selector(self, namespace: str, request: Request) -> str | None:
+        """Why a job with a ``node_selector`` that found no placement waits (it stays PENDING, as a pod
+        whose nodeSelector matches no node does): no device of ``namespace`` carries those labels, or how
+        many do and that none of them fits now. ``None`` for a job without a selector."""
+        if not request.node_selector:
+            return None
+        want = ", ".join(f"{k}={v}" for k, v in request.node_selector)
+        matching = [i for i, d in self._view.devices.items() if d.namespace == namespace and not d.revoked
+                    and all(d.labels.get(k) == v for k, v in request.node_selector)]
+        if not matching:
+            return (f"no edge device in namespace {namespace} matches nodeSelector {want}. To fix: label a "
+                    "device (broker devices label DEVICE key=value) or change the selector")
+        return (f"{len(matching)} edge device(s) match nodeSelector {want} ({', '.join(sorted(matching)[:5])}), "
+                "but none is online with room for the job now")
 
 
 # ---------------------------------------------------------------------------------------------- provider

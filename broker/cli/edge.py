@@ -81,22 +81,66 @@ def ca_init(
     typer.echo(f"CA created in {d} (ca.pem, ca.key 0600, gateway.pem/.key, server.pem/.key, crl.pem)")
 
 
+def parse_label_args(args: list[str], *, removals: bool) -> dict[str, str | None]:
+    """``key=value`` sets, ``key-`` removes (when ``removals``), as ``kubectl label``; anything else is a
+    :class:`SpecError` naming the argument. Keys and values are validated by the broker."""
+    from broker.errors import SpecError
+
+    out: dict[str, str | None] = {}
+    for a in args:
+        if "=" in a:
+            k, _, v = a.partition("=")
+            out[k] = v
+        elif removals and a.endswith("-") and len(a) > 1:
+            out[a[:-1]] = None
+        else:
+            raise SpecError(a, "not a label. To fix: write key=value" + (" (or key- to remove it)" if removals else ""))
+    return out
+
+
 def enroll_token(
     namespace: Annotated[str, typer.Option("--namespace", "-n", help="namespace the device will belong to")],
     ttl: Annotated[float, typer.Option("--ttl", help="seconds the token stays valid", min=1)] = 3600,
+    label: Annotated[list[str] | None, typer.Option("--label", "-l", help="key=value label of the device "
+                                                                          "(repeatable)")] = None,
     local: LocalOpt = False,
 ) -> None:
-    """Print a one-time enrollment token (only its hash is stored)."""
+    """Print a one-time enrollment token (only its hash is stored); the device it enrolls gets the labels."""
     from broker import devices
     from broker.clock import utcnow
 
+    labels = parse_label_args(list(label or ()), removals=False)
     if not local:
-        typer.echo(_api("POST", "/v1/edge/enroll-tokens", json={"namespace": namespace, "ttl_seconds": ttl})["token"])
+        typer.echo(_api("POST", "/v1/edge/enroll-tokens", json={"namespace": namespace, "ttl_seconds": ttl,
+                                                               "labels": labels})["token"])
         return
     store = _store(_settings())
     with store.tx() as s:
-        token = devices.create_enroll_token(s, namespace, now=utcnow(), ttl_seconds=ttl)
+        token = devices.create_enroll_token(s, namespace, now=utcnow(), ttl_seconds=ttl, labels=labels)
     typer.echo(token)
+
+
+def label_device(
+    device_id: Annotated[str, typer.Argument(help="device id")],
+    labels: Annotated[list[str], typer.Argument(help="key=value to set, key- to remove (as kubectl label)")],
+    local: LocalOpt = False,
+) -> None:
+    """Set or remove a device's labels (jobs select devices with placement.nodeSelector)."""
+    from broker import devices
+
+    patch = parse_label_args(labels, removals=True)
+    if not local:
+        from urllib.parse import quote
+
+        view = _api("PATCH", f"/v1/devices/{quote(device_id, safe='')}", json={"labels": patch})
+    else:
+        from broker.clock import utcnow
+
+        store = _store(_settings())
+        with store.tx() as s:
+            view = devices.device_view(devices.label_device(s, device_id, patch), utcnow())
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(view["labels"].items())) or "none"
+    typer.echo(f"{device_id} labels: {shown}")
 
 
 def list_devices(
@@ -198,6 +242,7 @@ def register(app: typer.Typer) -> None:
     dev.command("enroll-token")(enroll_token)
     dev.command("list")(list_devices)
     dev.command("revoke")(revoke)
+    dev.command("label")(label_device)
     mq = typer.Typer(help="the MQTT broker (Mosquitto) of the edge fleet", no_args_is_help=True)
     mq.command("config")(mqtt_config)
     app.add_typer(ca, name="ca")
