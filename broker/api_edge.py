@@ -108,7 +108,8 @@ def enroll(
     except (SpecError, ConflictError) as exc:
         raise _http(exc) from None
     gw = ca.directory / "gateway.pem"
-    return {"device_id": dev.id, "namespace": dev.namespace, "labels": devices.device_labels(dev), "cert_pem": pem, "ca_pem": ca.cert_pem,
+    return {"device_id": dev.id, "namespace": dev.namespace, "labels": devices.device_labels(dev),
+            "cert_pem": pem, "ca_pem": ca.cert_pem,
             "gateway_cert_pem": gw.read_text() if gw.exists() else "", "mqtt_url": settings.mqtt_url or ""}
 
 

@@ -115,15 +115,22 @@ class RecordingSink:
 
 def task_body(task_id: str, job_id: str, spec: JobSpec, expires_at: datetime) -> dict[str, Any]:
     """The ``task`` downlink for ``spec``: command, env, limits (time from the duration estimate x2, at least
-    60 s, or ``spec.activeDeadlineSeconds``; memory = limits.memory or requests, in MiB, at least 64)."""
+    60 s, or ``spec.activeDeadlineSeconds``; memory = limits.memory or requests, in MiB, at least 64), and
+    the spec's ``livenessProbe``/``readinessProbe`` with its ``restartPolicy``, which the agent runs."""
     raw_spec = spec.raw.get("spec", {}) if isinstance(spec.raw, Mapping) else {}
     deadline_s = raw_spec.get("activeDeadlineSeconds") if isinstance(raw_spec, Mapping) else None
     timeout = float(deadline_s) if deadline_s else max(60.0, spec.request.duration_hours * 3600 * 2)
     mem_gib = spec.limits.get("memory") or spec.request.memory_gib
-    return {"task_id": task_id, "job_id": job_id, "command": list(spec.command), "env": dict(spec.env),
+    body = {"task_id": task_id, "job_id": job_id, "command": list(spec.command), "env": dict(spec.env),
             "image": spec.image, "timeout_seconds": timeout, "memory_mib": max(64, int(mem_gib * 1024)),
             "vcpus": spec.request.vcpus,
             "expires_ms": int(expires_at.timestamp() * 1000)}
+    if isinstance(raw_spec, Mapping):  # the agent runs the probes (validated at submission) next to the task
+        probes = {k: raw_spec[k] for k in ("livenessProbe", "readinessProbe") if raw_spec.get(k) is not None}
+        if probes:
+            body["probes"] = probes
+            body["restart_policy"] = str(raw_spec.get("restartPolicy") or "OnFailure")
+    return body
 
 
 def share_group(key: ec.EllipticCurvePrivateKey) -> str:
@@ -643,6 +650,15 @@ class Gateway:
             code = _field(b, "exit_code", int, None)
             task = s.get(EdgeTaskRow, task_id) if task_id else None
             if task is None or task.device_id != dev.id:
+                return
+            if state in ("probe", "restarted"):  # the agent's probe results (see edge.agent.executor)
+                report = {"task_id": task_id, "device": dev.id, "probe": _field(b, "probe", str, "")[:16],
+                          "ok": _field(b, "ok", bool, False), "failures": _field(b, "failures", int, 0),
+                          "successes": _field(b, "successes", int, 0), "ready": _field(b, "ready", bool, False),
+                          "message": _field(b, "message", str, "")[:500], "restarts": _field(b, "restarts", int, 0),
+                          "restarted": state == "restarted"}
+                if task.state in ("dispatched", "running") and report["probe"] in ("liveness", "readiness"):
+                    effects.append((task.job_id, "PROBE", None, report))
                 return
             if state == "running" and task.state == "dispatched":
                 task.state, task.updated_at = "running", now

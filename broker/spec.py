@@ -96,13 +96,15 @@ _SPEC_KEYS = {
     "nodes", "durationHours", "deadline", "data", "placement", "retry", "checkpoint",
     "activeDeadlineSeconds",  # the run's time limit (Kubernetes' name); edge tasks are killed at it
     "livenessProbe", "readinessProbe",  # issue 14: validated by broker.ops.probes
+    "restartPolicy",  # OnFailure (default) | Never: what a failed liveness probe does to an edge task
 }
+RESTART_POLICIES = ("OnFailure", "Never")
 _RESOURCES_KEYS = {"requests", "limits", "accelerator", "arch"}
 _RESOURCE_NAMES = {"cpu", "memory", *_GPU_KEYS, "ephemeral-storage"}
 _DATA_KEYS = {"uri", "location", "sizeGiB"}
 _PLACEMENT_KEYS = {
-    "providers", "regions", "nodeSelector", "spot", "maxHourlyUSD", "objective", "sameZone", "interconnect", "includeOutliers",
-    "burstable",
+    "providers", "regions", "nodeSelector", "spot", "maxHourlyUSD", "objective", "sameZone", "interconnect",
+    "includeOutliers", "burstable",
 }
 _RETRY_KEYS = {"backoffLimit", "retryDelaySeconds", "maxRetryDelaySeconds"}
 _CHECKPOINT_KEYS = {"path", "intervalMinutes"}
@@ -683,6 +685,8 @@ def parse_job_spec(
     from broker.ops.probes import probes_of
 
     probes_of(spec, sp)
+    if spec.get("restartPolicy", "OnFailure") not in RESTART_POLICIES:
+        raise SpecError(f"{sp}.restartPolicy", f"{spec.get('restartPolicy')!r}: use OnFailure or Never")
     # --- end probes ---
 
     priority = None

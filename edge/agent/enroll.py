@@ -80,7 +80,8 @@ def enroll(
         key = pki.generate_key()
         pki.write_private(key_path, pki.key_to_pem(key))
     csr = pki.make_csr(key, device_id).decode()
-    resp = _post(f"{broker_url.rstrip('/')}/v1/edge/enroll", {"token": token, "csr_pem": csr, "labels": labels or {}}, ssl_context)
+    resp = _post(f"{broker_url.rstrip('/')}/v1/edge/enroll", {"token": token, "csr_pem": csr, "labels": labels or {}},
+                 ssl_context)
     (d / "device.pem").write_text(resp["cert_pem"])
     (d / "ca.pem").write_text(resp["ca_pem"])
     (d / "gateway.pem").write_text(resp["gateway_cert_pem"])

@@ -11,7 +11,6 @@ import ssl
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path

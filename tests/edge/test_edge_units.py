@@ -16,10 +16,9 @@ import edge
 import edge.agent
 from broker import devices
 from broker.model import Capacity, SiteKind
-from edge import pki, protocol
+from edge import mqttconf, pki, protocol
 from edge.agent.executor import TaskHandle, run_task
 from edge.agent.store import Store
-from edge import mqttconf
 from tests.edge.conftest import new_token
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
