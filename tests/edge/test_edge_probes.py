@@ -7,17 +7,55 @@ broker under uvicorn, Mosquitto with mTLS from the generated config, agents as p
 from __future__ import annotations
 
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
+from broker.errors import SpecError
 from broker.ops.store import ProbeStateRow
+from edge import protocol
 from tests.edge.conftest import free_port, wait_until
+from tests.edge.test_edge_gateway import Dev, rig, spec  # noqa: F401 - rig is a fixture
 from tests.edge.test_edge_service import Stack, _done, job_doc, open_stack
 
-pytestmark = [pytest.mark.network, pytest.mark.slow]
+
+def test_the_task_carries_the_specs_probes_and_restart_policy() -> None:
+    from datetime import UTC, datetime
+
+    from broker.gateway import task_body
+    from broker.spec import parse_job_spec
+
+    doc = job_doc("p", providers=["edge"])
+    doc["spec"]["livenessProbe"] = {"tcpSocket": {"port": 9}}
+    doc["spec"]["restartPolicy"] = "Never"
+    body = task_body("t.1", "j-r0", parse_job_spec(doc), datetime(2030, 1, 1, tzinfo=UTC))
+    assert body["probes"] == {"livenessProbe": {"tcpSocket": {"port": 9}}} and body["restart_policy"] == "Never"
+    assert "probes" not in task_body("t.2", "j-r0", parse_job_spec(job_doc("q")), datetime(2030, 1, 1, tzinfo=UTC))
+    doc["spec"]["restartPolicy"] = "Always"
+    with pytest.raises(SpecError, match=r"spec\.restartPolicy: 'Always': use OnFailure or Never"):
+        parse_job_spec(doc)
+
+
+def test_probe_reports_of_a_running_task_reach_the_sink_and_malformed_ones_are_counted(rig: Any) -> None:  # noqa: F811
+    gw, clock, store, ca = rig
+    dev = Dev(store, ca, clock, "probe-unit")
+    gw.process([dev.msg("hello", {})])
+    gw.dispatch("probe-unit", "job-p-r0", spec(), clock.now() + timedelta(hours=1))
+    gw.process([dev.msg("status", {"task_id": "job-p-r0.1", "state": "running"})])
+    good = {"task_id": "job-p-r0.1", "state": "probe", "probe": "liveness", "ok": False, "failures": 2,
+            "successes": 0, "ready": False, "message": "exit code 1", "restarts": 0}
+    bad = {**good, "failures": "two"}
+    restarted = {"task_id": "job-p-r0.1", "state": "restarted", "probe": "liveness", "ok": False, "restarts": 1,
+                 "message": "liveness probe failed 2 times (exit code 1); restarting in 10 s"}
+    assert gw.process([dev.msg("status", good), dev.msg("status", bad), dev.msg("status", restarted)]) == 3
+    probes = [c for c in gw.sink.calls if c[1] == "PROBE"]  # type: ignore[attr-defined]
+    assert [(c[0], c[3]["probe"], c[3]["failures"], c[3]["restarted"]) for c in probes] == [
+        ("job-p-r0", "liveness", 2, False), ("job-p-r0", "liveness", 0, True)]
+    assert gw.rejections.counts.get(protocol.MALFORMED) == 1
+
 
 # First start: serve HTTP on PORT, be healthy (a file), report a result, then turn unhealthy and hang.
 # After the agent restarts it: serve again, report, and exit 0.
@@ -43,6 +81,8 @@ def _probe_rows(st: Stack, job_id: str) -> dict[str, Any]:
         return {r.probe: r for r in s.execute(sa.select(t).where(t.c.job_id == job_id))}
 
 
+@pytest.mark.network
+@pytest.mark.slow
 def test_a_failing_liveness_probe_restarts_the_task_on_the_device_and_results_reach_probe_states(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with open_stack(tmp_path, monkeypatch) as st:
@@ -71,6 +111,8 @@ def test_a_failing_liveness_probe_restarts_the_task_on_the_device_and_results_re
         assert [e["to"] for e in job["events"] if e["from"] != e["to"]].count("SUCCEEDED") == 1
 
 
+@pytest.mark.network
+@pytest.mark.slow
 def test_with_restart_policy_never_a_failing_liveness_probe_fails_the_task(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with open_stack(tmp_path, monkeypatch) as st:
@@ -91,6 +133,8 @@ def test_with_restart_policy_never_a_failing_liveness_probe_fails_the_task(
         assert not [e for e in job["events"] if "restarted task" in e["reason"]]
 
 
+@pytest.mark.network
+@pytest.mark.slow
 def test_a_device_whose_heartbeats_stop_is_lost_and_its_job_completes_once_elsewhere(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The gateway alone would wait ``replace_after_s`` (300 s here); the health monitor's device timeout
