@@ -254,6 +254,7 @@ def test_a_devices_foreign_and_shared_subscriptions_are_refused_at_suback(own_fl
     nosy = _Subscriber(fleet, "nosy-dev", *fleet.enroll("nosy-dev"))
     try:
         assert victim.connect()
+        assert gw.acl_managed is True  # the gateway found the plugin and reconciled it in full on connect
         refused = [f"$share/{gw.group}/hb/v1/dev/+/up/#", "$share/hb-gateway/hb/v1/dev/+/up/#",
                    "$share/x/hb/v1/dev/nosy-dev/down/#", "hb/v1/dev/+/up/#", "hb/v1/dev/victim-dev/#",
                    "hb/v1/dev/victim-dev/down/#", "#", "$CONTROL/dynamic-security/v1/response"]
