@@ -291,6 +291,38 @@ def test_a_devices_foreign_and_shared_subscriptions_are_refused_at_suback(own_fl
         victim.close()
 
 
+@pytest.mark.network
+def test_an_agent_refused_at_suback_retries_until_the_gateway_lets_it_in(tmp_path: Path) -> None:
+    """Right after enrollment the plugin may not know the device yet: its SUBSCRIBE is refused, the agent's
+    transport does not count as connected (nothing is published) and retries until it is granted."""
+    from edge.agent.transport import MqttTransport
+
+    if MOSQUITTO is None:
+        pytest.skip("mosquitto is not installed (apt-get install -y mosquitto)")
+    fleet = Fleet(tmp_path)
+    fleet.mosq.start()
+    gw = make_gateway(fleet.store, fleet.mosq, fleet.ca, acl_sync_s=3600, acl_full_sync_s=3600)
+    states: list[bool] = []
+    t = None
+    try:
+        cert, key = fleet.enroll("late-dev")  # after the gateway's connect-time sync: unknown to the plugin
+        t = MqttTransport(client_id="late-dev", host="127.0.0.1", port=fleet.mosq.port,
+                          ca_file=str(fleet.ca.directory / "ca.pem"), cert_file=str(cert), key_file=str(key),
+                          subscribe=protocol.down_topic("late-dev", "#"), on_message=lambda *_a: None,
+                          on_state=states.append, reconnect_max_seconds=1)
+        wait_until(lambda: t.subscribe_refusals >= 2, 10, "the SUBSCRIBE to be refused and retried")
+        assert not t.connected and states == []
+        assert gw.sync_acl() == (1, 0)
+        wait_until(lambda: t.connected, 10, "the retried SUBSCRIBE to be granted")
+        assert states == [True]
+    finally:
+        if t is not None:
+            t.close()
+        gw.stop()
+        fleet.mosq.stop()
+        fleet.store.dispose()
+
+
 # ---- the executor: bounded result lines, the whole process tree, the task user -----------------------------
 def _run_task(root: Path, command: list[str], **extra: Any) -> tuple[str, list[tuple[str, Any, str, bool]]]:
     from edge.agent.executor import TaskHandle, run_task
