@@ -148,7 +148,7 @@ def list_devices(
     namespace: Annotated[str | None, typer.Option("--namespace", "-n")] = None,
     local: LocalOpt = False,
 ) -> None:
-    """List enrolled devices: status, last seen, capacity, link quality, agent version."""
+    """List enrolled devices: status, last seen, capacity, link quality, agent version, labels."""
     from broker import devices
     from broker.clock import utcnow
 
@@ -166,13 +166,14 @@ def list_devices(
         typer.echo("no devices. Enroll one: broker devices enroll-token -n NS, then edge-agent enroll")
         return
     typer.echo(f"{'ID':<24} {'NAMESPACE':<12} {'STATUS':<8} {'CPU':>5} {'MEM GiB':>8} {'GPU':>3} {'ARCH':<6} "
-               f"{'Mbit/s':>8} {'RTT ms':>7} {'AGENT':<8} LAST SEEN")
+               f"{'Mbit/s':>8} {'RTT ms':>7} {'AGENT':<8} {'LAST SEEN':<32} LABELS")
     for v in views:
         bw = "-" if v["bandwidth_mbps"] is None else f"{v['bandwidth_mbps']:.1f}"
         lat = "-" if v["latency_ms"] is None else f"{v['latency_ms']:.1f}"
+        labels = ",".join(f"{k}={val}" for k, val in sorted((v.get("labels") or {}).items())) or "-"
         typer.echo(f"{v['id']:<24} {v['namespace']:<12} {v['status']:<8} {v['vcpus']:>5g} {v['memory_gib']:>8.1f} "
                    f"{v['gpus']:>3} {v['arch']:<6} {bw:>8} {lat:>7} {v['agent_version'] or '-':<8} "
-                   f"{v['last_seen'] or '-'}")
+                   f"{v['last_seen'] or '-':<32} {labels}")
 
 
 def revoke(

@@ -67,7 +67,8 @@ def _enroll(st: Stack, state_dir: Path, device_id: str, *, token_labels: dict[st
 
 @pytest.mark.slow
 def test_a_node_selector_lands_only_on_matching_devices_and_waits_with_a_reason_otherwise(
-        tmp_path: Path, stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+        tmp_path: Path, stack: Stack, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+        capsys: pytest.CaptureFixture[str]) -> None:
     _enroll(stack, tmp_path / "lab", "lab-dev", token_labels={"zone": "lab"}, own_labels={"zone": "roof", "cam": "1"})
     _enroll(stack, tmp_path / "field", "field-dev", token_labels={}, own_labels={"zone": "field"})
     assert stack.device("lab-dev")["labels"] == {"zone": "lab", "cam": "1"}  # the token's labels win
@@ -97,6 +98,10 @@ def test_a_node_selector_lands_only_on_matching_devices_and_waits_with_a_reason_
     monkeypatch.setenv("BROKER_TOKEN", ADMIN)
     _cli("devices", "label", "field-dev", "zone=roof", "cam=1")
     assert stack.device("field-dev")["labels"] == {"zone": "roof", "cam": "1"}
+    capsys.readouterr()
+    _cli("devices", "list")
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("field-dev ")]
+    assert row.endswith(" cam=1,zone=roof")
     wait_until(lambda: _done(stack, roof), 30, "the roof job to finish", step=0.2)
     job = stack.get(roof)
     assert job["state"] == "SUCCEEDED" and job["placement"]["region"] == "field-dev", job["events"]
