@@ -7,8 +7,10 @@
 * ``GET /v1/edge/probe?bytes=N`` -> N bytes (N <= 16 MiB), for the agents' bandwidth measurement.
 * ``POST /v1/edge/ca`` ``{hosts, force}`` -> ``{directory, ca_pem, files}`` (admin): creates the broker CA on
   the server (409 when one exists, unless ``force``), so ``broker ca init`` works against a remote broker.
-* ``POST /v1/edge/enroll-tokens`` ``{namespace, ttl_seconds}`` -> ``{token, expires_at}`` (admin).
-* ``GET /v1/devices`` -> the device registry (admin); ``POST /v1/devices/{id}:revoke`` (admin).
+* ``POST /v1/edge/enroll-tokens`` ``{namespace, ttl_seconds, labels}`` -> ``{token, expires_at}`` (admin); the
+  enrolled device gets ``labels``.
+* ``GET /v1/devices`` -> the device registry (admin); ``PATCH /v1/devices/{id}`` ``{labels}`` (admin, a merge
+  patch of the device's labels); ``POST /v1/devices/{id}:revoke`` (admin).
 
 The CA lives in ``<data dir>/ca`` (or next to ``BROKER_CA_KEY_FILE``); override :func:`get_ca` in tests.
 """
@@ -53,6 +55,7 @@ def get_ca(settings: Annotated[Settings, Depends(get_settings)]) -> pki.Certific
 class EnrollIn(BaseModel):
     token: str = Field(min_length=8, max_length=256)
     csr_pem: str = Field(min_length=64, max_length=16384)
+    labels: dict[str, str] = Field(default_factory=dict, description="labels the device asks for (the token's win)")
 
 
 class RenewIn(BaseModel):
@@ -61,9 +64,18 @@ class RenewIn(BaseModel):
     sig: str = Field(min_length=8, max_length=1024)
 
 
+LabelValue = str | int | float | bool
+
+
 class TokenIn(BaseModel):
     namespace: str = Field(min_length=1, max_length=128)
     ttl_seconds: float = Field(default=3600, gt=0, le=30 * 86400)
+    labels: dict[str, LabelValue] = Field(default_factory=dict, description="labels of the device it enrolls")
+
+
+class LabelsIn(BaseModel):
+    labels: dict[str, LabelValue | None] = Field(
+        description="a JSON merge patch: key: value sets a label, key: null removes it")
 
 
 class CaIn(BaseModel):
@@ -91,11 +103,13 @@ def enroll(
     """Enroll a device: a one-time enrollment token and the device's CSR -> its short-lived certificate
     (CN = device id), the CA and the MQTT endpoint. The token is the credential; it works once."""
     try:
-        dev, pem = devices.enroll_device(session, ca, body.token, body.csr_pem, now=clock.now())
+        dev, pem = devices.enroll_device(session, ca, body.token, body.csr_pem, now=clock.now(),
+                                         labels=body.labels)
     except (SpecError, ConflictError) as exc:
         raise _http(exc) from None
     gw = ca.directory / "gateway.pem"
-    return {"device_id": dev.id, "namespace": dev.namespace, "cert_pem": pem, "ca_pem": ca.cert_pem,
+    return {"device_id": dev.id, "namespace": dev.namespace, "labels": devices.device_labels(dev),
+            "cert_pem": pem, "ca_pem": ca.cert_pem,
             "gateway_cert_pem": gw.read_text() if gw.exists() else "", "mqtt_url": settings.mqtt_url or ""}
 
 
@@ -160,10 +174,11 @@ def create_token(
     """Issue a one-time, expiring enrollment token for a namespace (admin). Only its hash is stored."""
     now = clock.now()
     try:
-        token = devices.create_enroll_token(session, body.namespace, now=now, ttl_seconds=body.ttl_seconds)
+        token = devices.create_enroll_token(session, body.namespace, now=now, ttl_seconds=body.ttl_seconds,
+                                            labels=body.labels)
     except SpecError as exc:
         raise _http(exc) from None
-    return {"token": token, "namespace": body.namespace,
+    return {"token": token, "namespace": body.namespace, "labels": body.labels,
             "expires_at": (now + timedelta(seconds=body.ttl_seconds)).isoformat()}
 
 
@@ -177,6 +192,24 @@ def list_devices(
     """The device registry (admin): last seen, online/offline, capacity, link quality, agent version."""
     now = clock.now()
     return {"devices": [devices.device_view(d, now) for d in devices.list_devices(session, namespace=namespace)]}
+
+
+@router.patch("/v1/devices/{device_id}")
+def label(
+    device_id: str,
+    body: LabelsIn,
+    session: Annotated[Session, Depends(get_session)],
+    clock: Annotated[Clock, Depends(get_clock)],
+    _admin: Annotated[Any, Depends(require_admin)],
+) -> dict[str, Any]:
+    """Change a device's labels (admin), which jobs select with ``placement.nodeSelector``: a merge patch
+    (``{"labels": {"zone": "lab", "old": null}}`` sets ``zone`` and removes ``old``). 400 for an invalid
+    key or value, 404 for an unknown device."""
+    try:
+        dev = devices.label_device(session, device_id, body.labels)
+    except (SpecError, NotFoundError) as exc:
+        raise _http(exc) from None
+    return devices.device_view(dev, clock.now())
 
 
 @router.post("/v1/devices/{device_id}:revoke")

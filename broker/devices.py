@@ -31,6 +31,7 @@ from sqlmodel import Field, Session, SQLModel, col, select
 
 from broker.errors import ConflictError, NotFoundError, SpecError
 from broker.model import Capacity, InstanceType, Location, Offer, SiteKind
+from broker.spec import validate_labels
 from broker.store import utc, utc_column
 from edge import pki
 
@@ -49,6 +50,8 @@ __all__ = [
     "revoked_serials",
     "write_crl",
     "get_device",
+    "label_device",
+    "device_labels",
     "list_devices",
     "device_view",
     "is_online",
@@ -89,6 +92,7 @@ class EdgeDeviceRow(SQLModel, table=True):
     agent_version: str | None = Field(default=None, sa_column=sa.Column(sa.String(32), nullable=True))
     continent: str = Field(default="", sa_column=sa.Column(sa.String(8), nullable=False, default=""))
     hourly_usd: float = Field(default=0.0, sa_column=sa.Column(sa.Float, nullable=False, default=0.0))
+    labels: str = Field(default="{}", sa_column=sa.Column(sa.Text, nullable=False, server_default="{}"))
 
 
 class EnrollTokenRow(SQLModel, table=True):
@@ -101,6 +105,7 @@ class EnrollTokenRow(SQLModel, table=True):
     expires_at: datetime = _ts(nullable=False)
     used_at: datetime | None = _ts()
     device_id: str | None = Field(default=None, sa_column=sa.Column(sa.String(64), nullable=True))
+    labels: str = Field(default="{}", sa_column=sa.Column(sa.Text, nullable=False, server_default="{}"))
 
 
 class RevocationRow(SQLModel, table=True):
@@ -155,15 +160,31 @@ class EdgeTaskRow(SQLModel, table=True):
 EDGE_TABLES = (EdgeDeviceRow, EnrollTokenRow, RevocationRow, CertIssuedRow, UplinkRow, EdgeTaskRow)
 
 
-def create_enroll_token(session: Session, namespace: str, *, now: datetime, ttl_seconds: float = 3600) -> str:
-    """Issue a one-time token for ``namespace`` valid ``ttl_seconds``; returns the token (shown once)."""
+def device_labels(dev: EdgeDeviceRow | EnrollTokenRow) -> dict[str, str]:
+    """The labels of a device (or those an enrollment token gives), as a dict."""
+    try:
+        value = json.loads(dev.labels or "{}")
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def _labels(value: Any, field: str) -> dict[str, str]:
+    return {k: v or "" for k, v in validate_labels(value, field).items()}
+
+
+def create_enroll_token(session: Session, namespace: str, *, now: datetime, ttl_seconds: float = 3600,
+                        labels: Any = None) -> str:
+    """Issue a one-time token for ``namespace`` valid ``ttl_seconds``; returns the token (shown once). The
+    device it enrolls gets ``labels`` (Kubernetes-style, :func:`broker.spec.validate_labels`)."""
     if not namespace or len(namespace) > 128:
         raise SpecError("namespace", "must be 1-128 characters. To fix: pass --namespace NAME")
     if ttl_seconds <= 0:
         raise SpecError("ttl_seconds", "must be positive. To fix: pass a positive --ttl")
+    given = _labels(labels, "labels")
     token = pki.new_token()
     session.add(EnrollTokenRow(token_sha256=pki.hash_token(token), namespace=namespace, created_at=now,
-                               expires_at=now + timedelta(seconds=ttl_seconds)))
+                               expires_at=now + timedelta(seconds=ttl_seconds), labels=json.dumps(given)))
     session.commit()
     return token
 
@@ -180,10 +201,13 @@ def enroll_device(
     *,
     now: datetime,
     cert_hours: float = pki.DEVICE_CERT_HOURS,
+    labels: Any = None,
 ) -> tuple[EdgeDeviceRow, str]:
-    """Redeem ``token`` (once) and sign the CSR; returns the device row and its certificate PEM.
+    """Redeem ``token`` (once) and sign the CSR; returns the device row and its certificate PEM. The device's
+    labels are those it asks for (``labels``, e.g. ``edge-agent enroll --label``) overridden by the token's.
 
     Raises :class:`SpecError` (bad token/CSR) or :class:`ConflictError` (device id taken by a live device)."""
+    asked = _labels(labels, "labels")
     row = session.get(EnrollTokenRow, pki.hash_token(token))
     if row is None or row.used_at is not None or utc(row.expires_at) <= now:
         raise SpecError("token", "unknown, used or expired enrollment token. To fix: issue a new one with "
@@ -210,7 +234,8 @@ def enroll_device(
         session.delete(existing)
         session.flush()
     dev = EdgeDeviceRow(id=device_id, namespace=row.namespace, cert_pem=pem, cert_serial=pki.serial_hex(cert),
-                        cert_not_after=cert.not_valid_after_utc, enrolled_at=now)
+                        cert_not_after=cert.not_valid_after_utc, enrolled_at=now,
+                        labels=json.dumps(dict(sorted({**asked, **device_labels(row)}.items()))))
     session.add(dev)
     _record_cert(session, device_id, cert)
     session.commit()
@@ -290,6 +315,25 @@ def revoke_device(
     return dev
 
 
+def label_device(session: Session, device_id: str, patch: Any) -> EdgeDeviceRow:
+    """Change a device's labels by a JSON merge patch: ``{key: value}`` sets, ``{key: null}`` removes
+    (validated as :func:`broker.spec.validate_labels`; the result holds at most 64). Placement reads them
+    at the next scheduling cycle."""
+    changes = validate_labels(patch, "labels", allow_null=True)
+    dev = get_device(session, device_id)
+    merged = device_labels(dev)
+    for k, v in changes.items():
+        if v is None:
+            merged.pop(k, None)
+        else:
+            merged[k] = v
+    validate_labels(merged, "labels")  # the count limit holds for the result too
+    dev.labels = json.dumps(dict(sorted(merged.items())))
+    session.add(dev)
+    session.commit()
+    return dev
+
+
 def get_device(session: Session, device_id: str) -> EdgeDeviceRow:
     dev = session.get(EdgeDeviceRow, device_id)
     if dev is None:
@@ -323,6 +367,7 @@ def device_view(dev: EdgeDeviceRow, now: datetime) -> dict[str, Any]:
         "cert_not_after": iso(dev.cert_not_after), "vcpus": dev.vcpus, "memory_gib": dev.memory_gib,
         "gpus": dev.gpus, "accelerator": dev.accelerator, "arch": dev.arch, "disk_gib": dev.disk_gib,
         "bandwidth_mbps": dev.bandwidth_mbps, "latency_ms": dev.latency_ms, "agent_version": dev.agent_version,
+        "labels": device_labels(dev),
     }
 
 

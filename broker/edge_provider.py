@@ -117,6 +117,8 @@ def _task_footprint(body_json: str) -> tuple[float, float]:
 class _Device:
     namespace: str
     last_seen: datetime | None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    revoked: bool = False
 
 
 @dataclass
@@ -158,7 +160,8 @@ class EdgeFleet:
         with self.store.read() as s:
             offers = devices.device_offers(s, now, max_offline_s=self.max_wait_s)
             sites = devices.device_sites(s, now, max_offline_s=self.max_wait_s)
-            known = {d.id: _Device(d.namespace, None if d.last_seen is None else utc(d.last_seen))
+            known = {d.id: _Device(d.namespace, None if d.last_seen is None else utc(d.last_seen),
+                                   devices.device_labels(d), d.revoked_at is not None)
                      for d in devices.list_devices(s)}
             tasks = devices.EdgeTaskRow.__table__  # type: ignore[attr-defined]
             given_up: dict[str, dict[str, datetime]] = {}
@@ -211,7 +214,9 @@ class EdgeFleet:
         """The subset of ``offers`` job ``job_id`` may use, a signature of the devices kept (a cache key
         for equal requests), and the devices it would rather wait for.
 
-        Non-edge offers pass. A device offer passes when the device is in ``namespace``, was seen within
+        Non-edge offers pass (a job with a ``node_selector`` has only edge in its providers). A device offer
+        passes when the device carries every label of the request's ``node_selector``, is in ``namespace``,
+        was seen within
         ``offline_after_s + wait_allowance_s``, and did not lose this job's task without being heard from
         since. A device left out only for that last reason, still within the job's wait, is "waited for":
         the scheduler holds the job instead of failing it when nothing else is feasible."""
@@ -228,6 +233,8 @@ class EdgeFleet:
             dev = view.devices.get(o.location.region)
             if dev is None or dev.namespace != namespace or dev.last_seen is None:
                 continue
+            if any(dev.labels.get(k) != v for k, v in request.node_selector):
+                continue
             if (now - dev.last_seen).total_seconds() > self.offline_after_s + wait_s:
                 continue
             gave_up_at = lost_here.get(o.location.region)
@@ -243,6 +250,22 @@ class EdgeFleet:
             kept.append(o)
             devices.append(o.location.region)
         return kept, tuple(sorted(devices)), tuple(sorted(waiting))
+
+
+    def unmatched_selector(self, namespace: str, request: Request) -> str | None:
+        """Why a job with a ``node_selector`` that found no placement waits (it stays PENDING, as a pod
+        whose nodeSelector matches no node does): no device of ``namespace`` carries those labels, or how
+        many do and that none of them fits now. ``None`` for a job without a selector."""
+        if not request.node_selector:
+            return None
+        want = ", ".join(f"{k}={v}" for k, v in request.node_selector)
+        matching = [i for i, d in self._view.devices.items() if d.namespace == namespace and not d.revoked
+                    and all(d.labels.get(k) == v for k, v in request.node_selector)]
+        if not matching:
+            return (f"no edge device in namespace {namespace} matches nodeSelector {want}. To fix: label a "
+                    "device (broker devices label DEVICE key=value) or change the selector")
+        return (f"{len(matching)} edge device(s) match nodeSelector {want} ({', '.join(sorted(matching)[:5])}), "
+                "but none is online with room for the job now")
 
 
 # ---------------------------------------------------------------------------------------------- provider
@@ -333,13 +356,25 @@ class EdgeProvider:
         return [i for i in map(self._to_instance, self._tasks(where)) if matches_tags(i.tags, tags)]
 
     def terminate(self, ids: Sequence[str], request_id: str) -> None:
-        """Send a ``cancel`` for each task still open (finished or unknown ids are ignored)."""
+        """Send a ``cancel`` for each task still open (finished or unknown ids are ignored).
+
+        A fence (``request_id`` ``<job>:fenced``: the health monitor found the device silent past
+        ``BROKER_DEVICE_LOST_AFTER_SECONDS``) also marks the tasks ``lost`` at once, as the gateway does after
+        ``replace_after_s``: the re-placed job is not sent back to that device until it is heard from again,
+        and the device's late outcome is only recorded (``late_outcome``)."""
         from broker.devices import EdgeTaskRow
 
-        if not ids or self.gateway is None:
-            return
         t = EdgeTaskRow.__table__  # type: ignore[attr-defined]
-        for row in self._tasks(sa.and_(t.c.task_id.in_(list(ids)), t.c.state.in_(_OPEN_TASK))):
+        where = sa.and_(t.c.task_id.in_(list(ids)), t.c.state.in_(_OPEN_TASK))
+        if not ids:
+            return
+        open_rows = self._tasks(where)
+        if request_id.endswith(":fenced") and open_rows:
+            with self.store.tx() as s:
+                s.execute(sa.update(t).where(where).values(state="lost", updated_at=self.clock.now()))
+        if self.gateway is None:
+            return
+        for row in open_rows:
             self.gateway.send(row.device_id, "cancel", {"task_id": row.task_id})
 
     def poll_errors(self) -> list[Any]:
@@ -365,11 +400,49 @@ class EdgeRunner:
     # TaskSink -------------------------------------------------------------------------------------
     def task_status(self, job_id: str, state: str, exit_code: int | None, detail: Mapping[str, Any]) -> None:
         """Gateway callback (``job_id`` is the request id). Never raises: the sweep retries what fails."""
+        if state == "PROBE":
+            try:
+                self.probe_report(job_id, detail)
+            except Exception:  # noqa: BLE001 - a probe report is best effort; the next one follows
+                log.exception("probe report of %s not stored", job_id)
+            return
         try:
             self.settle(job_id, str(detail.get("task_id") or ""), state, exit_code,
                         reason=str(detail.get("reason") or ""))
         except Exception:  # noqa: BLE001 - the gateway must keep going; the store keeps the truth
             log.exception("edge outcome %s of %s not applied now; the scheduler's sweep will", state, job_id)
+
+    def probe_report(self, request_id: str, detail: Mapping[str, Any], now: datetime | None = None) -> bool:
+        """Store a device's probe result for the job's current run in ``probe_states`` (as the health monitor
+        does for on-prem and cloud runs), and a note event when the device restarted the task after its
+        liveness probe failed. Ignored (False) unless the job is RUNNING that very task."""
+        from broker.lifecycle import note
+        from broker.ops.store import ProbeStateRow
+
+        now = now or self.clock.now()
+        job_id = job_of_request(request_id)
+        task_id = str(detail.get("task_id") or "")
+        probes = ProbeStateRow.__table__  # type: ignore[attr-defined]
+        with self.store.tx() as s:
+            row = s.execute(sa.select(_jobs.c.state, _jobs.c.request_id, _jobs.c.instances_json)
+                            .where(_jobs.c.id == job_id)).one_or_none()
+            if (row is None or row.state != JobState.RUNNING.value or row.request_id != request_id
+                    or task_id not in _instance_ids(row.instances_json)):
+                return False
+            name = str(detail.get("probe"))
+            s.execute(sa.delete(probes).where(probes.c.job_id == job_id, probes.c.probe == name))
+            s.execute(sa.insert(probes).values(
+                job_id=job_id, probe=name, request_id=request_id, failures=int(detail.get("failures") or 0),
+                successes=int(detail.get("successes") or 0), ready=bool(detail.get("ready")), last_at=now,
+                message=str(detail.get("message") or "")))
+            if detail.get("restarted"):
+                device = detail.get("device")
+                note(s, job_id, JobState.RUNNING,
+                     f"edge device {device} restarted task {task_id} (restart {detail.get('restarts')}): "
+                     f"{detail.get('message')}", now=now,
+                     data={"device": device, "task_id": task_id, "restarts": detail.get("restarts"),
+                           "probe": name})
+        return True
 
     # one outcome ------------------------------------------------------------------------------------
     def settle(self, request_id: str, task_id: str, state: str, exit_code: int | None, *, reason: str = "",

@@ -12,6 +12,12 @@
   ``registry`` given, the app's that /metrics serves), logged, and never affect other devices.
 * Accepted messages are written idempotently (``edge_uplinks`` keyed by device and message id) in one
   transaction per batch, then acknowledged to the device (``down/ack``), which deletes them from its outbox.
+* Keeps Mosquitto's dynamic-security plugin in step with the device registry (:meth:`Gateway.sync_acl`,
+  its own thread, every ``acl_sync_s``; a full reconcile against the plugin's lists on every connect and
+  every ``acl_full_sync_s``): each enrolled device gets a client with a role confined to its own subtree,
+  a revoked device's client is deleted (the plugin disconnects it). The gateway identity administers the
+  plugin (``$CONTROL/dynamic-security/v1``). Against a Mosquitto without the plugin (no answer) it logs
+  once and retries rarely: access control is then the operator's ACL file.
 * :meth:`Gateway.dispatch` sends a task with an expiry; outcomes go to a :class:`TaskSink` exactly once per
   task (the first terminal state wins). A device silent for ``replace_after_s`` loses its unfinished tasks
   (sink state ``LOST``: the scheduler re-places the job) and gets a ``cancel`` for them.
@@ -35,6 +41,7 @@ import socket
 import ssl
 import threading
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -54,7 +61,7 @@ from broker.devices import OFFLINE_AFTER_SECONDS, EdgeDeviceRow, EdgeTaskRow, Up
 from broker.errors import NotFoundError
 from broker.model import JobSpec
 from broker.store import Store, utc
-from edge import pki, protocol
+from edge import mqttconf, pki, protocol
 
 __all__ = ["Gateway", "TaskSink", "RecordingSink", "task_body", "share_group"]
 
@@ -108,15 +115,22 @@ class RecordingSink:
 
 def task_body(task_id: str, job_id: str, spec: JobSpec, expires_at: datetime) -> dict[str, Any]:
     """The ``task`` downlink for ``spec``: command, env, limits (time from the duration estimate x2, at least
-    60 s, or ``spec.activeDeadlineSeconds``; memory = limits.memory or requests, in MiB, at least 64)."""
+    60 s, or ``spec.activeDeadlineSeconds``; memory = limits.memory or requests, in MiB, at least 64), and
+    the spec's ``livenessProbe``/``readinessProbe`` with its ``restartPolicy``, which the agent runs."""
     raw_spec = spec.raw.get("spec", {}) if isinstance(spec.raw, Mapping) else {}
     deadline_s = raw_spec.get("activeDeadlineSeconds") if isinstance(raw_spec, Mapping) else None
     timeout = float(deadline_s) if deadline_s else max(60.0, spec.request.duration_hours * 3600 * 2)
     mem_gib = spec.limits.get("memory") or spec.request.memory_gib
-    return {"task_id": task_id, "job_id": job_id, "command": list(spec.command), "env": dict(spec.env),
+    body = {"task_id": task_id, "job_id": job_id, "command": list(spec.command), "env": dict(spec.env),
             "image": spec.image, "timeout_seconds": timeout, "memory_mib": max(64, int(mem_gib * 1024)),
             "vcpus": spec.request.vcpus,
             "expires_ms": int(expires_at.timestamp() * 1000)}
+    if isinstance(raw_spec, Mapping):  # the agent runs the probes (validated at submission) next to the task
+        probes = {k: raw_spec[k] for k in ("livenessProbe", "readinessProbe") if raw_spec.get(k) is not None}
+        if probes:
+            body["probes"] = probes
+            body["restart_policy"] = str(raw_spec.get("restartPolicy") or "OnFailure")
+    return body
 
 
 def share_group(key: ec.EllipticCurvePrivateKey) -> str:
@@ -171,6 +185,8 @@ class Gateway:
         inbox_max: int = 20_000,
         registry: Any = None,
         uplink_retention_s: float = 7 * 86400,
+        acl_sync_s: float = 1.0,
+        acl_full_sync_s: float = 60.0,
     ) -> None:
         self.store = store
         self.sink: TaskSink = sink or RecordingSink()
@@ -207,12 +223,21 @@ class Gateway:
         c.reconnect_delay_set(1, 2)
         c.on_connect = self._on_connect
         c.on_disconnect = lambda *_a: self._connected.clear()
-        c.on_message = lambda _c, _u, m: self._inbox.put((m.topic, bytes(m.payload), self._now_ms()))
+        c.on_message = self._on_message
         self._client = c
         self._host, self._port = host, port
         self._tls = (ca_file, cert_file, key_file)
         self._last_prune = 0.0
         self._kicked: set[str] = set()
+        # Dynamic-security sync: what this replica knows the plugin holds (None: reconcile in full).
+        self.acl_sync_s, self.acl_full_sync_s = acl_sync_s, acl_full_sync_s
+        self._acl_applied: set[str] | None = None
+        self._acl_full_at = 0.0
+        self.acl_managed: bool | None = None  # None: not yet known; False: Mosquitto has no plugin
+        self._ctl_lock = threading.Lock()
+        self._ctl_waiting: dict[str, tuple[threading.Event, list[dict[str, Any]]]] = {}
+        self._acl_thread: threading.Thread | None = None
+        self._acl_wake = threading.Event()
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def _count_prom(self, reason: str) -> None:
@@ -223,8 +248,17 @@ class Gateway:
         if getattr(reason_code, "is_failure", False):
             log.error("gateway connect refused: %s", reason_code)
             return
-        client.subscribe(f"$share/{self.group}/{protocol.TOPIC_ROOT}/+/up/#", qos=1)
+        client.subscribe([(f"$share/{self.group}/{protocol.TOPIC_ROOT}/+/up/#", 1),
+                          (mqttconf.DYNSEC_RESPONSE_TOPIC, 0)])
+        self._acl_applied = None  # Mosquitto may have restarted from an older state: reconcile in full
         self._connected.set()
+        self._acl_wake.set()
+
+    def _on_message(self, _c: Any, _u: Any, m: Any) -> None:
+        if m.topic == mqttconf.DYNSEC_RESPONSE_TOPIC:
+            self._on_control_response(bytes(m.payload))
+        else:
+            self._inbox.put((m.topic, bytes(m.payload), self._now_ms()))
 
     def start(self, wait_s: float = 10.0) -> None:
         """Connect (clean start, session kept 1 h), subscribe, and start processing; waits until connected."""
@@ -234,14 +268,19 @@ class Gateway:
         self._client.loop_start()
         self._worker = threading.Thread(target=self._work, name="gateway-worker", daemon=True)
         self._worker.start()
+        self._acl_thread = threading.Thread(target=self._acl_loop, name="gateway-acl", daemon=True)
+        self._acl_thread.start()
         if not self._connected.wait(wait_s):
             raise ConnectionError(f"gateway could not connect to mqtts://{self._host}:{self._port} in {wait_s} s. "
                                   "To fix: check BROKER_MQTT_URL and the gateway certificate")
 
     def stop(self) -> None:
         self._stop.set()
+        self._acl_wake.set()
         if self._worker is not None:
             self._worker.join(timeout=10)
+        if self._acl_thread is not None:
+            self._acl_thread.join(timeout=10)
         self._client.disconnect()
         self._client.loop_stop()
 
@@ -295,6 +334,108 @@ class Gateway:
             elif r.state != "dispatched" and utc(r.updated_at) >= since:
                 out.append(("cancel", {"task_id": r.task_id}))
         return out
+
+    # ---- access control (Mosquitto's dynamic-security plugin) ------------------------------------
+    def _on_control_response(self, payload: bytes) -> None:
+        try:
+            responses = json.loads(payload).get("responses", [])
+        except (ValueError, AttributeError):
+            return
+        if not isinstance(responses, list):
+            return
+        for r in responses:
+            corr = r.get("correlationData") if isinstance(r, dict) else None
+            with self._ctl_lock:
+                waiting = self._ctl_waiting.get(corr) if isinstance(corr, str) else None
+            if waiting is not None:
+                waiting[1].append(r)
+                waiting[0].set()
+
+    def control(self, commands: list[dict[str, Any]], timeout_s: float = 5.0) -> list[dict[str, Any]] | None:
+        """Send dynamic-security ``commands`` and return the plugin's responses in order, or ``None`` when
+        they do not all come back within ``timeout_s`` (not connected, or no plugin in Mosquitto)."""
+        if not commands:
+            return []
+        corr = uuid.uuid4().hex
+        ids = [f"{corr}.{i}" for i in range(len(commands))]
+        got: list[dict[str, Any]] = []
+        ev = threading.Event()
+        with self._ctl_lock:
+            for i in ids:
+                self._ctl_waiting[i] = (ev, got)
+        try:
+            body = {"commands": [{**c, "correlationData": i} for c, i in zip(commands, ids, strict=True)]}
+            self._client.publish(mqttconf.DYNSEC_TOPIC, json.dumps(body), qos=1)
+            end = time.monotonic() + timeout_s
+            while len(got) < len(ids):
+                if not ev.wait(max(0.0, end - time.monotonic())):
+                    return None
+                ev.clear()
+        finally:
+            with self._ctl_lock:
+                for i in ids:
+                    self._ctl_waiting.pop(i, None)
+        order = {i: n for n, i in enumerate(ids)}
+        return sorted(got, key=lambda r: order[r["correlationData"]])
+
+    def _acl_loop(self) -> None:
+        while not self._stop.is_set():
+            self._acl_wake.wait(self.acl_sync_s if self.acl_managed is not False else 300.0)
+            self._acl_wake.clear()
+            if self._stop.is_set() or not self._connected.is_set():
+                continue
+            try:
+                self.sync_acl()
+            except Exception:  # noqa: BLE001 - retried at the next round
+                log.exception("device ACL sync failed")
+
+    def _desired_devices(self) -> set[str]:
+        with self.store.read() as s:
+            return set(s.exec(select(EdgeDeviceRow.id).where(EdgeDeviceRow.revoked_at == None)).all())  # noqa: E711
+
+    def sync_acl(self, *, full: bool = False) -> tuple[int, int] | None:
+        """Bring the plugin's device clients in step with the registry: grant every enrolled device, delete
+        every revoked (or unknown) one the plugin holds. In full (``listRoles``/``listClients``) after a
+        connect, every ``acl_full_sync_s`` and when asked; else against what this replica applied last.
+        Returns ``(granted, revoked)``, or ``None`` when the plugin did not answer."""
+        desired = self._desired_devices()
+        full = full or self._acl_applied is None or time.monotonic() - self._acl_full_at >= self.acl_full_sync_s
+        if full:
+            lists = self.control([{"command": "listRoles", "count": -1}, {"command": "listClients", "count": -1}])
+            if lists is None or any("error" in r for r in lists):
+                if self.acl_managed is not False:
+                    log.warning("Mosquitto's dynamic-security plugin did not answer (%s): device access is "
+                                "left to Mosquitto's own ACL. To fix: generate the config with `broker mqtt "
+                                "config`", "no response" if lists is None else lists)
+                self.acl_managed = False
+                return None
+            roles = {r for r in lists[0].get("data", {}).get("roles", []) if isinstance(r, str)}
+            clients = {c for c in lists[1].get("data", {}).get("clients", []) if isinstance(c, str)}
+            prefix = mqttconf.DEVICE_ROLE_PREFIX
+            managed = {r[len(prefix):] for r in roles if r.startswith(prefix)}
+            have = managed & clients
+            self._acl_full_at = time.monotonic()
+        else:
+            managed = have = self._acl_applied or set()
+        grant, revoke = sorted(desired - have), sorted(managed - desired)
+        commands = [c for d in grant for c in mqttconf.device_grant_commands(d)]
+        commands += [c for d in revoke for c in mqttconf.device_revoke_commands(d)]
+        for i in range(0, len(commands), 200):
+            answers = self.control(commands[i:i + 200])
+            if answers is None:
+                self._acl_applied = None
+                return None
+            for a in answers:
+                err = a.get("error")
+                if err and "already exists" not in err and "not found" not in err:
+                    log.warning("dynamic-security %s failed: %s", a.get("command"), err)
+        if self.acl_managed is not True:
+            log.info("device access is managed in Mosquitto's dynamic-security plugin")
+        self.acl_managed = True
+        self._acl_applied = desired
+        if grant or revoke:
+            log.info("device ACL sync: %d granted, %d revoked", len(grant), len(revoke))
+        return len(grant), len(revoke)
 
     # ---- uplink ---------------------------------------------------------------------------------
     def _work(self) -> None:
@@ -509,6 +650,15 @@ class Gateway:
             code = _field(b, "exit_code", int, None)
             task = s.get(EdgeTaskRow, task_id) if task_id else None
             if task is None or task.device_id != dev.id:
+                return
+            if state in ("probe", "restarted"):  # the agent's probe results (see edge.agent.executor)
+                report = {"task_id": task_id, "device": dev.id, "probe": _field(b, "probe", str, "")[:16],
+                          "ok": _field(b, "ok", bool, False), "failures": _field(b, "failures", int, 0),
+                          "successes": _field(b, "successes", int, 0), "ready": _field(b, "ready", bool, False),
+                          "message": _field(b, "message", str, "")[:500], "restarts": _field(b, "restarts", int, 0),
+                          "restarted": state == "restarted"}
+                if task.state in ("dispatched", "running") and report["probe"] in ("liveness", "readiness"):
+                    effects.append((task.job_id, "PROBE", None, report))
                 return
             if state == "running" and task.state == "dispatched":
                 task.state, task.updated_at = "running", now

@@ -206,7 +206,8 @@ class Request:
     """What one job asks of a placement. Resources are per node; ``nodes`` > 1 is a gang.
 
     ``providers``/``regions`` are allow-lists (empty = any). ``deadline`` is timezone-aware UTC or ``None``.
-    ``max_hourly_usd`` caps the hourly price of one node (``None`` = no cap).
+    ``max_hourly_usd`` caps the hourly price of one node (``None`` = no cap). ``node_selector`` (label
+    pairs) admits only edge devices carrying every one of those labels.
     """
 
     name: str
@@ -228,6 +229,7 @@ class Request:
     interconnect: str | None = None
     include_outliers: bool = False
     allow_burstable: bool = False  # placement.burstable: allowed (see policies/placement/burstable.py)
+    node_selector: tuple[tuple[str, str], ...] = ()  # placement.nodeSelector: edge device labels, sorted pairs
 
 
 @dataclass(frozen=True, slots=True)

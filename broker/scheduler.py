@@ -682,6 +682,8 @@ class Scheduler:
         if not ranked:
             if edge_waiting:  # edge: its device went silent with the task; wait for it within the job's wait
                 return result, None, f"waiting for edge device {', '.join(edge_waiting)} to come back"
+            if self.edge is not None and (unmatched := self.edge.fleet.unmatched_selector(job.namespace, request)):
+                return result, None, unmatched  # edge: a nodeSelector no device satisfies now: stay pending
             if request.deadline is not None:
                 from policies.deadline import choose_for_deadline
 

@@ -46,6 +46,7 @@ __all__ = [
     "parse_cpu",
     "parse_memory_gib",
     "parse_job_spec",
+    "validate_labels",
     "load_documents",
     "load_spec_file",
     "spec_to_dict",
@@ -95,13 +96,15 @@ _SPEC_KEYS = {
     "nodes", "durationHours", "deadline", "data", "placement", "retry", "checkpoint",
     "activeDeadlineSeconds",  # the run's time limit (Kubernetes' name); edge tasks are killed at it
     "livenessProbe", "readinessProbe",  # issue 14: validated by broker.ops.probes
+    "restartPolicy",  # OnFailure (default) | Never: what a failed liveness probe does to an edge task
 }
+RESTART_POLICIES = ("OnFailure", "Never")
 _RESOURCES_KEYS = {"requests", "limits", "accelerator", "arch"}
 _RESOURCE_NAMES = {"cpu", "memory", *_GPU_KEYS, "ephemeral-storage"}
 _DATA_KEYS = {"uri", "location", "sizeGiB"}
 _PLACEMENT_KEYS = {
-    "providers", "regions", "spot", "maxHourlyUSD", "objective", "sameZone", "interconnect", "includeOutliers",
-    "burstable",
+    "providers", "regions", "nodeSelector", "spot", "maxHourlyUSD", "objective", "sameZone", "interconnect",
+    "includeOutliers", "burstable",
 }
 _RETRY_KEYS = {"backoffLimit", "retryDelaySeconds", "maxRetryDelaySeconds"}
 _CHECKPOINT_KEYS = {"path", "intervalMinutes"}
@@ -363,6 +366,38 @@ def _str(value: object, field: str, *, max_len: int = 1024) -> str:
     return value
 
 
+# Kubernetes label syntax: a name (<= 63: alphanumerics, '-', '_', '.', alphanumeric at both ends) with an
+# optional DNS-subdomain prefix (<= 253) and '/'; a value is empty or a name.
+_LABEL_NAME_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_PREFIX_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+MAX_LABELS = 64
+
+
+def validate_labels(value: object, field: str, *, allow_null: bool = False) -> dict[str, str | None]:
+    """Kubernetes-style labels (``key: value``, at most :data:`MAX_LABELS`): a key is ``[prefix/]name`` with
+    ``name`` of 1-63 alphanumerics, ``-``, ``_``, ``.`` (alphanumeric at both ends) and ``prefix`` a DNS
+    subdomain of at most 253; a value is empty or like a name. Numbers and booleans are taken as their text.
+    ``allow_null`` admits ``None`` values (a merge patch's "remove this label")."""
+    raw = _mapping(value, field)
+    if len(raw) > MAX_LABELS:
+        raise SpecError(field, f"{len(raw)} labels; at most {MAX_LABELS} are allowed")
+    out: dict[str, str | None] = {}
+    for k, v in raw.items():
+        prefix, _, name = k.rpartition("/")
+        if not _LABEL_NAME_RE.match(name) or (prefix and (len(prefix) > 253 or not _LABEL_PREFIX_RE.match(prefix))):
+            raise SpecError(f"{field}.{k}", "invalid label key. To fix: use [prefix/]name, name 1-63 characters "
+                            "of a-z, A-Z, 0-9, '-', '_', '.', starting and ending alphanumeric (e.g. site/zone)")
+        if v is None and allow_null:
+            out[k] = None
+            continue
+        text = str(v).lower() if isinstance(v, bool) else str(v) if isinstance(v, int | float) else v
+        if not isinstance(text, str) or (text and not _LABEL_NAME_RE.match(text)):
+            raise SpecError(f"{field}.{k}", f"invalid label value {v!r}. To fix: use at most 63 characters of "
+                            "a-z, A-Z, 0-9, '-', '_', '.', starting and ending alphanumeric, or empty")
+        out[k] = text
+    return out
+
+
 def _str_list(value: object, field: str, *, max_items: int = 1000) -> tuple[str, ...]:
     if value is None:
         return ()
@@ -593,6 +628,13 @@ def parse_job_spec(
                 f"{sp}.placement.providers[{i}]", f"unknown provider {prov!r}; use {', '.join(KNOWN_PROVIDERS)}"
             )
     regions = _str_list(pl.get("regions"), f"{sp}.placement.regions")
+    node_selector = {k: v or "" for k, v in validate_labels(pl.get("nodeSelector"),
+                                                            f"{sp}.placement.nodeSelector").items()}
+    if node_selector:  # only edge devices carry labels: a selector confines the job to them
+        if providers and "edge" not in providers:
+            raise SpecError(f"{sp}.placement.nodeSelector", "selects edge devices by label, but "
+                            "placement.providers leaves out edge. To fix: add edge to providers, or drop the selector")
+        providers = ("edge",)
     spot_raw = pl.get("spot", SpotPolicy.NEVER.value)
     if isinstance(spot_raw, bool):  # `spot: true` reads naturally; take it as "allowed"
         spot_raw = SpotPolicy.ALLOWED.value if spot_raw else SpotPolicy.NEVER.value
@@ -643,6 +685,8 @@ def parse_job_spec(
     from broker.ops.probes import probes_of
 
     probes_of(spec, sp)
+    if spec.get("restartPolicy", "OnFailure") not in RESTART_POLICIES:
+        raise SpecError(f"{sp}.restartPolicy", f"{spec.get('restartPolicy')!r}: use OnFailure or Never")
     # --- end probes ---
 
     priority = None
@@ -673,6 +717,7 @@ def parse_job_spec(
         interconnect=interconnect,
         include_outliers=include_outliers,
         allow_burstable=burstable == "allowed",
+        node_selector=tuple(sorted(node_selector.items())),
     )
     raw = _json_safe(dict(top))
     raw.setdefault("apiVersion", API_VERSION)

@@ -81,22 +81,66 @@ def ca_init(
     typer.echo(f"CA created in {d} (ca.pem, ca.key 0600, gateway.pem/.key, server.pem/.key, crl.pem)")
 
 
+def parse_label_args(args: list[str], *, removals: bool) -> dict[str, str | None]:
+    """``key=value`` sets, ``key-`` removes (when ``removals``), as ``kubectl label``; anything else is a
+    :class:`SpecError` naming the argument. Keys and values are validated by the broker."""
+    from broker.errors import SpecError
+
+    out: dict[str, str | None] = {}
+    for a in args:
+        if "=" in a:
+            k, _, v = a.partition("=")
+            out[k] = v
+        elif removals and a.endswith("-") and len(a) > 1:
+            out[a[:-1]] = None
+        else:
+            raise SpecError(a, "not a label. To fix: write key=value" + (" (or key- to remove it)" if removals else ""))
+    return out
+
+
 def enroll_token(
     namespace: Annotated[str, typer.Option("--namespace", "-n", help="namespace the device will belong to")],
     ttl: Annotated[float, typer.Option("--ttl", help="seconds the token stays valid", min=1)] = 3600,
+    label: Annotated[list[str] | None, typer.Option("--label", "-l", help="key=value label of the device "
+                                                                          "(repeatable)")] = None,
     local: LocalOpt = False,
 ) -> None:
-    """Print a one-time enrollment token (only its hash is stored)."""
+    """Print a one-time enrollment token (only its hash is stored); the device it enrolls gets the labels."""
     from broker import devices
     from broker.clock import utcnow
 
+    labels = parse_label_args(list(label or ()), removals=False)
     if not local:
-        typer.echo(_api("POST", "/v1/edge/enroll-tokens", json={"namespace": namespace, "ttl_seconds": ttl})["token"])
+        typer.echo(_api("POST", "/v1/edge/enroll-tokens", json={"namespace": namespace, "ttl_seconds": ttl,
+                                                               "labels": labels})["token"])
         return
     store = _store(_settings())
     with store.tx() as s:
-        token = devices.create_enroll_token(s, namespace, now=utcnow(), ttl_seconds=ttl)
+        token = devices.create_enroll_token(s, namespace, now=utcnow(), ttl_seconds=ttl, labels=labels)
     typer.echo(token)
+
+
+def label_device(
+    device_id: Annotated[str, typer.Argument(help="device id")],
+    labels: Annotated[list[str], typer.Argument(help="key=value to set, key- to remove (as kubectl label)")],
+    local: LocalOpt = False,
+) -> None:
+    """Set or remove a device's labels (jobs select devices with placement.nodeSelector)."""
+    from broker import devices
+
+    patch = parse_label_args(labels, removals=True)
+    if not local:
+        from urllib.parse import quote
+
+        view = _api("PATCH", f"/v1/devices/{quote(device_id, safe='')}", json={"labels": patch})
+    else:
+        from broker.clock import utcnow
+
+        store = _store(_settings())
+        with store.tx() as s:
+            view = devices.device_view(devices.label_device(s, device_id, patch), utcnow())
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(view["labels"].items())) or "none"
+    typer.echo(f"{device_id} labels: {shown}")
 
 
 def list_devices(
@@ -104,7 +148,7 @@ def list_devices(
     namespace: Annotated[str | None, typer.Option("--namespace", "-n")] = None,
     local: LocalOpt = False,
 ) -> None:
-    """List enrolled devices: status, last seen, capacity, link quality, agent version."""
+    """List enrolled devices: status, last seen, capacity, link quality, agent version, labels."""
     from broker import devices
     from broker.clock import utcnow
 
@@ -122,13 +166,14 @@ def list_devices(
         typer.echo("no devices. Enroll one: broker devices enroll-token -n NS, then edge-agent enroll")
         return
     typer.echo(f"{'ID':<24} {'NAMESPACE':<12} {'STATUS':<8} {'CPU':>5} {'MEM GiB':>8} {'GPU':>3} {'ARCH':<6} "
-               f"{'Mbit/s':>8} {'RTT ms':>7} {'AGENT':<8} LAST SEEN")
+               f"{'Mbit/s':>8} {'RTT ms':>7} {'AGENT':<8} {'LAST SEEN':<32} LABELS")
     for v in views:
         bw = "-" if v["bandwidth_mbps"] is None else f"{v['bandwidth_mbps']:.1f}"
         lat = "-" if v["latency_ms"] is None else f"{v['latency_ms']:.1f}"
+        labels = ",".join(f"{k}={val}" for k, val in sorted((v.get("labels") or {}).items())) or "-"
         typer.echo(f"{v['id']:<24} {v['namespace']:<12} {v['status']:<8} {v['vcpus']:>5g} {v['memory_gib']:>8.1f} "
                    f"{v['gpus']:>3} {v['arch']:<6} {bw:>8} {lat:>7} {v['agent_version'] or '-':<8} "
-                   f"{v['last_seen'] or '-'}")
+                   f"{v['last_seen'] or '-':<32} {labels}")
 
 
 def revoke(
@@ -167,16 +212,26 @@ def mqtt_config(
     bind: Annotated[str, typer.Option("--bind", help="listen address")] = "0.0.0.0",
     user: Annotated[str | None, typer.Option("--user", help="Mosquitto `user` (e.g. root for tests)")] = None,
     ca_dir: Annotated[Path | None, typer.Option("--ca-dir", help="CA directory (default <data dir>/ca)")] = None,
+    dynsec_plugin: Annotated[str | None, typer.Option(
+        "--dynsec-plugin", help="path of mosquitto_dynamic_security.so (default: found in the usual places)")] = None,
 ) -> None:
-    """Write a production Mosquitto config: mTLS, CN as username, CRL, per-device ACL, persistence."""
+    """Write a production Mosquitto config: mTLS, CN as username, CRL, per-device access control in the
+    dynamic-security plugin (kept in step with the registry by the gateway), persistence."""
     from broker.errors import NotFoundError
     from edge.mqttconf import MosquittoConfig, write_config
 
     d = _ca_dir(_settings(), ca_dir)
     if not (d / "server.pem").exists():
         raise NotFoundError(f"no CA in {d}. To fix: run `broker ca init` first")
-    conf = write_config(out, ca_file=d / "ca.pem", cert_file=d / "server.pem", key_file=d / "server.key",
-                        crl_file=d / "crl.pem", config=MosquittoConfig(port=port, bind_address=bind, user=user))
+    if dynsec_plugin is not None and not Path(dynsec_plugin).is_file():
+        raise NotFoundError(f"--dynsec-plugin {dynsec_plugin}: no such file. To fix: pass the path of "
+                            "mosquitto_dynamic_security.so (dpkg -L mosquitto | grep dynamic)")
+    try:
+        conf = write_config(out, ca_file=d / "ca.pem", cert_file=d / "server.pem", key_file=d / "server.key",
+                            crl_file=d / "crl.pem", config=MosquittoConfig(port=port, bind_address=bind, user=user,
+                                                                           dynsec_plugin=dynsec_plugin))
+    except FileNotFoundError as exc:
+        raise NotFoundError(str(exc)) from exc
     typer.echo(f"wrote {conf}; start with: mosquitto -c {conf}")
 
 
@@ -188,6 +243,7 @@ def register(app: typer.Typer) -> None:
     dev.command("enroll-token")(enroll_token)
     dev.command("list")(list_devices)
     dev.command("revoke")(revoke)
+    dev.command("label")(label_device)
     mq = typer.Typer(help="the MQTT broker (Mosquitto) of the edge fleet", no_args_is_help=True)
     mq.command("config")(mqtt_config)
     app.add_typer(ca, name="ca")

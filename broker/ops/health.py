@@ -17,6 +17,8 @@ instances whose request tag is not the job's current one. A job is SUCCEEDED onc
 Probes (:mod:`broker.ops.probes`), for RUNNING jobs that declare them, every ``periodSeconds`` of the
 clock after ``initialDelaySeconds``: readiness sets ``ready`` in ``probe_states``; ``failureThreshold``
 consecutive liveness failures restart the job the same way (RUNNING -> PENDING, old run terminated).
+Edge runs are probed by the agent on the device (:mod:`edge.agent.executor`), which restarts the task in
+place per ``restartPolicy`` and reports its results into ``probe_states`` through the gateway.
 """
 
 from __future__ import annotations
@@ -186,7 +188,7 @@ class HealthMonitor:
                 probes = probes_of(json.loads(row.spec_json).get("spec", {}))
             except (SpecError, ValueError, AttributeError):
                 continue
-            if not probes:
+            if not probes or row.provider == "edge":  # edge agents run their tasks' probes themselves
                 continue
             started = utc(row.started_at) if row.started_at else now
             for key, probe in probes.items():

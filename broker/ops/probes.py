@@ -127,13 +127,18 @@ def probes_of(spec_doc: Mapping[str, Any], where: str = "spec") -> dict[str, Pro
     return {k: parse_probe(spec_doc[k], f"{where}.{k}") for k in PROBE_KEYS if spec_doc.get(k) is not None}
 
 
-def run_probe(probe: Probe, *, cwd: str | None = None, env: Mapping[str, str] | None = None) -> ProbeResult:
-    """Run one probe now, bounded by its ``timeout_seconds``."""
+def run_probe(probe: Probe, *, cwd: str | None = None, env: Mapping[str, str] | None = None,
+              as_user: tuple[int, int] | None = None) -> ProbeResult:
+    """Run one probe now, bounded by its ``timeout_seconds``. ``exec`` runs in ``cwd`` with ``env`` (and as
+    ``as_user`` = ``(uid, gid)`` when given: the edge agent runs a task's probe as the task's user)."""
     t = probe.timeout_seconds
     if probe.kind == "exec":
+        ids: dict[str, Any] = {}
+        if as_user is not None:
+            ids = {"user": as_user[0], "group": as_user[1], "extra_groups": []}
         try:
             r = subprocess.run(list(probe.command), cwd=cwd, env=dict(env) if env is not None else None,
-                               capture_output=True, timeout=t, stdin=subprocess.DEVNULL)
+                               capture_output=True, timeout=t, stdin=subprocess.DEVNULL, **ids)
         except subprocess.TimeoutExpired:
             return ProbeResult(False, f"exec timed out after {t:g}s")
         except OSError as exc:

@@ -31,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--device-id", default=None, help="device id (default <hostname>-<random>)")
     e.add_argument("--mqtt", default=None, help="MQTT host:port, overriding what the broker announces")
     e.add_argument("--ca-file", default="", help="CA bundle to verify an https broker URL")
+    e.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                   help="a label for placement (repeatable; the enrollment token's labels win)")
     sub.add_parser("run", help="connect and run tasks until stopped")
     i = sub.add_parser("install", help="write a systemd unit and state directory")
     i.add_argument("--root", default="/", help="install under this root (default /)")
@@ -104,8 +106,12 @@ def main(argv: list[str] | None = None) -> int:
             from edge.agent.enroll import enroll
 
             ctx = ssl.create_default_context(cafile=args.ca_file) if args.ca_file else None
+            bad = [a for a in args.label if "=" not in a]
+            if bad:
+                return _fail(f"--label {bad[0]}: not KEY=VALUE. To fix: e.g. --label zone=lab", 2)
+            labels = dict(a.split("=", 1) for a in args.label)
             cfg = enroll(args.broker, args.token, args.state_dir, device_id=args.device_id, mqtt=args.mqtt,
-                         ssl_context=ctx, http_ca_file=args.ca_file)
+                         ssl_context=ctx, http_ca_file=args.ca_file, labels=labels)
             print(f"enrolled as {cfg.device_id}; MQTT {cfg.mqtt_host}:{cfg.mqtt_port}; state in {cfg.state_dir}")
             return 0
         if args.cmd == "run":

@@ -47,6 +47,7 @@ class AgentConfig:
     max_parallel_tasks: int = 0  # 0 = number of CPUs
     http_ca_file: str = ""  # CA bundle for an https broker_url; empty = system default
     task_user: str = "hb-task"  # tasks run as this user when the agent is root; "" = as the agent
+    restart_backoff_seconds: float = 10.0  # a task whose liveness probe failed restarts after this, doubling
     work_dir: str = ""  # task working directories; "" = <state_dir>-tasks (never inside the state dir)
 
     @property

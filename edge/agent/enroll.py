@@ -65,10 +65,12 @@ def enroll(
     mqtt: str | None = None,
     ssl_context: ssl.SSLContext | None = None,
     http_ca_file: str = "",
+    labels: dict[str, str] | None = None,
 ) -> AgentConfig:
     """Enroll this device and write its state directory; returns the saved config.
 
-    ``mqtt`` (``host:port``) overrides the MQTT address the broker announces."""
+    ``mqtt`` (``host:port``) overrides the MQTT address the broker announces; ``labels`` are the device's
+    placement labels it asks for (the broker validates them; the enrollment token's override them)."""
     d = Path(state_dir)
     device_id = pki.validate_device_id(device_id or default_device_id())
     key_path = d / "device.key"
@@ -78,7 +80,8 @@ def enroll(
         key = pki.generate_key()
         pki.write_private(key_path, pki.key_to_pem(key))
     csr = pki.make_csr(key, device_id).decode()
-    resp = _post(f"{broker_url.rstrip('/')}/v1/edge/enroll", {"token": token, "csr_pem": csr}, ssl_context)
+    resp = _post(f"{broker_url.rstrip('/')}/v1/edge/enroll", {"token": token, "csr_pem": csr, "labels": labels or {}},
+                 ssl_context)
     (d / "device.pem").write_text(resp["cert_pem"])
     (d / "ca.pem").write_text(resp["ca_pem"])
     (d / "gateway.pem").write_text(resp["gateway_cert_pem"])

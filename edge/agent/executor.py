@@ -32,6 +32,7 @@ import resource
 import signal
 import subprocess
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -167,6 +168,63 @@ def _task_user(user: str | None) -> pwd.struct_passwd | None:
                           f"or useradd --system {user}") from None
 
 
+class _Prober:
+    """Runs a task process's liveness and readiness probes (:mod:`broker.ops.probes`, Kubernetes timing) in
+    a thread, reports each result (``status`` with ``state: probe``, droppable), and kills the process when
+    the liveness probe failed ``failureThreshold`` times in a row (``failed`` then says why)."""
+
+    def __init__(self, probes: Mapping[str, Any], *, run: Callable[[Any], Any], report: Callable[..., None],
+                 kill: Callable[[], None]) -> None:
+        self.probes = probes  # "liveness"/"readiness" -> broker.ops.probes.Probe
+        self._run, self._report, self._kill = run, report, kill
+        self.failed: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="task-probes", daemon=True)
+
+    def start(self) -> None:
+        if self.probes:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        t0 = time.monotonic()
+        due = {name: t0 + p.initial_delay_seconds for name, p in self.probes.items()}
+        counts = {name: [0, 0, False] for name in self.probes}  # failures, successes, ready
+        while not self._stop.wait(max(0.0, min(due.values()) - time.monotonic())):
+            now = time.monotonic()
+            for name, probe in self.probes.items():
+                if due[name] > now or self._stop.is_set():
+                    continue
+                result = self._run(probe)
+                c = counts[name]
+                c[0], c[1] = (0, c[1] + 1) if result.ok else (c[0] + 1, 0)
+                if name == "readiness":
+                    c[2] = (c[2] or c[1] >= probe.success_threshold) and not (c[0] >= probe.failure_threshold)
+                self._report(name, result.ok, c[0], c[1], bool(c[2]), result.message)
+                due[name] = time.monotonic() + probe.period_seconds
+                if name == "liveness" and c[0] >= probe.failure_threshold:
+                    self.failed = f"liveness probe failed {c[0]} times ({result.message})"
+                    self._kill()
+                    return
+
+
+def _probes_of(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The task's probes by name (``liveness``/``readiness``), parsed as the broker validated them."""
+    docs = body.get("probes")
+    if not docs:
+        return {}
+    from broker.ops.probes import parse_probe  # stdlib only: the agent needs no server dependencies
+
+    if not isinstance(docs, Mapping):
+        raise ValueError("probes is not a mapping")
+    return {k.removesuffix("Probe"): parse_probe(v, f"spec.{k}") for k, v in docs.items()
+            if k in ("livenessProbe", "readinessProbe")}
+
+
 def run_task(
     body: Mapping[str, Any],
     *,
@@ -175,10 +233,19 @@ def run_task(
     emit: Emit,
     handle: TaskHandle | None = None,
     user: str | None = None,
+    restart_backoff_seconds: float = 10.0,
 ) -> tuple[str, int | None]:
     """Run the task in ``workdir_root/<task_id>`` (as ``user`` when the agent is root); returns
     ``(state, exit_code)`` with state ``succeeded`` or ``failed`` (``cancelled`` when cancelled through
-    ``handle``; ``interrupted``, with no final result emitted, when interrupted through it)."""
+    ``handle``; ``interrupted``, with no final result emitted, when interrupted through it).
+
+    Probes (``body["probes"]``, the spec's ``livenessProbe``/``readinessProbe``) run next to the process
+    (``exec`` as the task's user, in its directory, with its environment; ``httpGet``/``tcpSocket`` against
+    the device, 127.0.0.1 by default). A liveness probe that fails ``failureThreshold`` times kills the
+    process; with ``restart_policy`` ``OnFailure`` (default) the command starts again in the same directory
+    after ``restart_backoff_seconds`` (doubling per restart, at most 300 s; as Kubernetes' CrashLoopBackOff),
+    reported as a ``status`` ``restarted``; with ``Never`` the task fails saying so. The time limit covers
+    every restart."""
     task_id = str(body["task_id"])
     job_id = str(body.get("job_id", ""))
     command = [str(c) for c in body.get("command") or []]
@@ -194,8 +261,12 @@ def run_task(
         return fail("task has no command")
     try:
         account = _task_user(user)
+        probes = _probes_of(body)
     except LookupError as exc:
         return fail(str(exc))
+    except ValueError as exc:
+        return fail(f"bad probe: {exc}")
+    restart_policy = str(body.get("restart_policy") or "OnFailure")
     wd = workdir_root / task_id
     wd.mkdir(parents=True, exist_ok=True)
     if account is not None:
@@ -213,21 +284,9 @@ def run_task(
     ids: dict[str, Any] = {}
     if account is not None:
         ids = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
-    try:
-        proc = subprocess.Popen(
-            command, cwd=wd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            start_new_session=True, preexec_fn=_limits(mem, int(timeout) + 1), **ids,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        return fail(f"cannot start {command[0]!r}: {exc}")
-    handle.proc = proc
-    if handle.on_start is not None:
-        handle.on_start(process_tag(proc.pid, handle.run_id))
-    if handle.cancelled or handle.interrupted:
-        handle._kill()
-    emit([("status", {**base, "state": "running", "pid": proc.pid}, f"{task_id}/run{attempt}", False)])
+    as_user = (account.pw_uid, account.pw_gid) if account is not None else None
+    deadline = time.monotonic() + timeout
     timed_out = threading.Event()
-    error: list[str] = []
 
     def on_timeout() -> None:
         timed_out.set()
@@ -236,6 +295,90 @@ def run_task(
     timer = threading.Timer(timeout, on_timeout)
     timer.daemon = True
     timer.start()
+    restarts = 0
+    try:
+        while True:
+            try:
+                proc = subprocess.Popen(
+                    command, cwd=wd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    stdin=subprocess.DEVNULL, start_new_session=True,
+                    preexec_fn=_limits(mem, int(max(1.0, deadline - time.monotonic())) + 1), **ids,
+                )
+            except (OSError, subprocess.SubprocessError) as exc:
+                return fail(f"cannot start {command[0]!r}: {exc}")
+            handle.proc = proc
+            if handle.on_start is not None:
+                handle.on_start(process_tag(proc.pid, handle.run_id))
+            if handle.cancelled or handle.interrupted or timed_out.is_set():
+                handle._kill()
+            if restarts == 0:
+                emit([("status", {**base, "state": "running", "pid": proc.pid}, f"{task_id}/run{attempt}", False)])
+
+            def report(name: str, ok: bool, failures: int, successes: int, ready: bool, message: str,
+                       _r: int = restarts) -> None:
+                emit([("status", {**base, "state": "probe", "probe": name, "ok": ok, "failures": failures,
+                                  "successes": successes, "ready": ready, "message": message[:500],
+                                  "restarts": _r}, f"{task_id}/probe-{uuid.uuid4().hex[:12]}", True)])
+
+            prober = _Prober(probes, run=lambda pr: _probe(pr, wd, env, as_user), report=report,
+                             kill=handle._kill)
+            prober.start()
+            try:
+                code, n, error, out_tail, err_tail = _watch(proc, handle, base, task_id, emit)
+            finally:
+                prober.stop()
+            if handle.interrupted:
+                return "interrupted", None
+            live = prober.failed is not None and not handle.cancelled and not timed_out.is_set()
+            if live and restart_policy != "Never":
+                restarts += 1
+                delay = min(300.0, restart_backoff_seconds * 2 ** (restarts - 1))
+                emit([("status", {**base, "state": "restarted", "probe": "liveness", "ok": False,
+                                  "restarts": restarts, "message": f"{prober.failed}; restarting in {delay:g} s"},
+                       f"{task_id}/restart{attempt}-{restarts}", False)])
+                end = time.monotonic() + delay
+                while time.monotonic() < end and not (handle.cancelled or handle.interrupted or timed_out.is_set()):
+                    time.sleep(min(0.1, max(0.0, end - time.monotonic())))
+                if handle.interrupted:
+                    return "interrupted", None
+                if not (handle.cancelled or timed_out.is_set()):
+                    continue
+            break
+    finally:
+        timer.cancel()
+    if handle.cancelled:
+        state = "cancelled"
+    else:
+        state = "succeeded" if code == 0 and not error and prober.failed is None else "failed"
+    final: dict[str, Any] = {
+        **base, "state": state, "exit_code": code, "final": True, "results": n,
+        "stdout_tail": "\n".join(out_tail)[-_TAIL_BYTES:],
+        "stderr_tail": b"".join(err_tail).decode(errors="replace")[-_TAIL_BYTES:],
+    }
+    if restarts:
+        final["restarts"] = restarts
+    if timed_out.is_set():
+        final["error"] = f"time limit of {timeout:g} s exceeded"
+    elif error:
+        final["error"] = error[0]
+    elif prober.failed is not None and not handle.cancelled:
+        final["error"] = f"{prober.failed}; restartPolicy Never: the task fails"
+    emit([("result", final, f"{task_id}/final", False)])
+    return state, code
+
+
+def _probe(probe: Any, wd: Path, env: Mapping[str, str], as_user: tuple[int, int] | None) -> Any:
+    from broker.ops.probes import run_probe
+
+    return run_probe(probe, cwd=str(wd), env=env, as_user=as_user)
+
+
+def _watch(proc: subprocess.Popen[bytes], handle: TaskHandle, base: Mapping[str, Any], task_id: str,
+           emit: Emit) -> tuple[int, int, list[str], deque[str], deque[bytes]]:
+    """Stream one process's output until it ends: ``@hb-result`` lines as results (a too-long one kills
+    the task and is the error), tails of the rest; then kill what it left behind. Returns
+    ``(exit code, results, errors, stdout tail, stderr tail)``."""
+    error: list[str] = []
     err_tail: deque[bytes] = deque(maxlen=64)
     assert proc.stdout is not None and proc.stderr is not None
     err_thread = threading.Thread(target=_read_tail, args=(proc.stderr, err_tail), daemon=True)
@@ -272,26 +415,9 @@ def run_task(
     if batch:
         emit(batch)
     code = proc.wait()
-    timer.cancel()
     kill_task(process_tag(proc.pid, handle.run_id))  # whatever it left behind (a daemonized child) goes too
     err_thread.join(timeout=5)
-    if handle.interrupted:
-        return "interrupted", None
-    if handle.cancelled:
-        state = "cancelled"
-    else:
-        state = "succeeded" if code == 0 and not error else "failed"
-    final: dict[str, Any] = {
-        **base, "state": state, "exit_code": code, "final": True, "results": n,
-        "stdout_tail": "\n".join(out_tail)[-_TAIL_BYTES:],
-        "stderr_tail": b"".join(err_tail).decode(errors="replace")[-_TAIL_BYTES:],
-    }
-    if timed_out.is_set():
-        final["error"] = f"time limit of {timeout:g} s exceeded"
-    elif error:
-        final["error"] = error[0]
-    emit([("result", final, f"{task_id}/final", False)])
-    return state, code
+    return code, n, error, out_tail, err_tail
 
 
 def _result(base: Mapping[str, Any], task_id: str, n: int,

@@ -258,7 +258,8 @@ class Agent:
     def _run_one(self, task_id: str, spec: Mapping[str, Any], attempt: int, handle: TaskHandle) -> None:
         try:
             state, code = run_task(spec, workdir_root=self.config.work_root, attempt=attempt,
-                                   emit=self.emit, handle=handle, user=self.config.task_user)
+                                   emit=self.emit, handle=handle, user=self.config.task_user,
+                                   restart_backoff_seconds=self.config.restart_backoff_seconds)
             if state != "interrupted":  # interrupted tasks stay "running" and restart on next start
                 self.store.set_task_state(task_id, state, exit_code=code)
         except Exception:  # noqa: BLE001 - a task must never take the agent down

@@ -7,6 +7,7 @@ uplink does not depend on it anyway (the SQLite outbox re-sends until the gatewa
 
 from __future__ import annotations
 
+import logging
 import ssl
 import threading
 import time
@@ -17,6 +18,8 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 __all__ = ["Transport", "MqttTransport"]
+
+log = logging.getLogger("edge.agent")
 
 
 class Transport(Protocol):
@@ -34,6 +37,11 @@ class MqttTransport:
 
     ``on_message(topic, payload)`` and ``on_state(connected)`` run on paho's network thread.
     ``latency_ms`` is an EWMA of PUBACK round trips (QoS 1), i.e. the measured link latency.
+
+    ``connected`` (and ``on_state(True)``) means connected *and* subscribed: Mosquitto's access control
+    (the dynamic-security plugin, which the gateway fills from the device registry) refuses a device's
+    SUBSCRIBE until the device is known to it, e.g. for a moment after enrollment; a refused SUBACK is
+    retried after 1 s, doubling up to ``reconnect_max_seconds``, and nothing is published meanwhile.
 
     On every (re)connect the messages paho still holds are discarded, under :attr:`send_lock`, before
     ``on_state(True)`` runs: the caller's durable outbox re-sends from its oldest unacknowledged message,
@@ -60,6 +68,11 @@ class MqttTransport:
         self._on_message = on_message
         self._on_state = on_state
         self._connected = threading.Event()
+        self._sub_mid: int | None = None
+        self._sub_delay = 1.0
+        self._reconnect_max = max(1, reconnect_max_seconds)
+        self._retry: threading.Timer | None = None
+        self.subscribe_refusals = 0
         self.send_lock = threading.RLock()
         self._sent_at: dict[int, float] = {}
         self.latency_ms: float | None = None
@@ -73,6 +86,7 @@ class MqttTransport:
         c.on_disconnect = self._handle_disconnect
         c.on_message = lambda _c, _u, msg: self._on_message(msg.topic, bytes(msg.payload))
         c.on_publish = self._handle_publish
+        c.on_subscribe = self._handle_subscribe
         self._client = c
         c.connect_async(host, port, keepalive=30)
         c.loop_start()
@@ -84,11 +98,33 @@ class MqttTransport:
     def _handle_connect(self, client: mqtt.Client, _u: Any, _flags: Any, reason_code: Any, _p: Any) -> None:
         if getattr(reason_code, "is_failure", False):
             return
-        client.subscribe(self._subscribe, qos=1)
         with self.send_lock:
             self._drop_paho_queue(client)
+        self._sub_delay = 1.0
+        self._send_subscribe(client)
+
+    def _send_subscribe(self, client: mqtt.Client) -> None:
+        self._sub_mid = client.subscribe(self._subscribe, qos=1)[1]
+
+    def _handle_subscribe(self, client: mqtt.Client, _u: Any, mid: int, reason_codes: Any, _p: Any) -> None:
+        if mid != self._sub_mid:
+            return
+        if any(getattr(rc, "is_failure", False) for rc in reason_codes):
+            self.subscribe_refusals += 1
+            log.warning("mqtt subscribe to %s refused (%s); retrying in %.0f s", self._subscribe,
+                        ", ".join(str(rc) for rc in reason_codes), self._sub_delay)
+            self._retry = threading.Timer(self._sub_delay, self._resubscribe, args=(client,))
+            self._retry.daemon = True
+            self._retry.start()
+            self._sub_delay = min(2 * self._sub_delay, self._reconnect_max)
+            return
+        with self.send_lock:
             self._on_state(True)
             self._connected.set()
+
+    def _resubscribe(self, client: mqtt.Client) -> None:
+        if client.is_connected() and not self._connected.is_set():
+            self._send_subscribe(client)
 
     @staticmethod
     def _drop_paho_queue(client: mqtt.Client) -> None:
@@ -120,6 +156,8 @@ class MqttTransport:
             self._sent_at[info.mid] = time.perf_counter()
 
     def close(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
         try:
             self._client.disconnect()
         finally:

@@ -130,6 +130,11 @@ def test_broker_edge_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     for line in ("require_certificate true", "use_identity_as_username true", "persistence true",
                  f"crlfile {out.resolve() / 'certs/crl.pem'}", "listener 18883 0.0.0.0", "allow_anonymous false"):
         assert line in conf
+    assert "acl_file" not in conf and f"plugin_opt_config_file {out.resolve() / 'persist/dynsec.json'}" in conf
+    state = json.loads((out / "persist" / "dynsec.json").read_text())
+    assert [c["username"] for c in state["clients"]] == ["hb-gateway"]
+    nope = _broker(["mqtt", "config", "--out", str(tmp_path / "mq2"), "--dynsec-plugin", str(tmp_path / "x.so")], env)
+    assert nope.returncode != 0 and "--dynsec-plugin" in nope.stderr and nope.stderr.count("\n") == 1
 
 
 def test_broker_edge_commands_go_through_the_api_of_a_running_broker(

@@ -92,6 +92,8 @@ class Fleet:
                                               now=now or utcnow(), cert_hours=hours)
         cp = self.root / f"{device_id}.pem"
         cp.write_text(pem)
+        if self.gw is not None:  # let it in now (the gateway's own sync would within acl_sync_s)
+            self.gw.sync_acl()
         return cp, kp
 
     def device(self, device_id: str, **kw: Any) -> Device:

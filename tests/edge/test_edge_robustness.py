@@ -11,7 +11,6 @@ import ssl
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from broker import devices
-from broker.clock import ManualClock
+from broker.clock import ManualClock, utcnow
 from broker.gateway import Gateway, RecordingSink
 from edge import protocol
 from tests.edge.conftest import MOSQUITTO, make_gateway, wait_until
@@ -204,7 +203,7 @@ def own_fleet(tmp_path: Path) -> Iterator[tuple[Fleet, Any]]:
         pytest.skip("mosquitto is not installed (apt-get install -y mosquitto)")
     fleet = Fleet(tmp_path)
     fleet.mosq.start()
-    gw = make_gateway(fleet.store, fleet.mosq, fleet.ca)
+    gw = fleet.gw = make_gateway(fleet.store, fleet.mosq, fleet.ca)
     try:
         yield fleet, gw
     finally:
@@ -220,36 +219,108 @@ def _raw_client(fleet: Fleet, device_id: str, cert: Path, key: Path) -> mqtt.Cli
     return c
 
 
+class _Subscriber:
+    """A raw device connection that records SUBACK reason codes per filter and what it receives."""
+
+    def __init__(self, fleet: Fleet, device_id: str, cert: Path, key: Path) -> None:
+        self.got: list[str] = []
+        self.subacks: dict[int, list[Any]] = {}
+        self.disconnected = threading.Event()
+        self.c = _raw_client(fleet, device_id, cert, key)
+        self.c.on_message = lambda _c, _u, m: self.got.append(m.topic)
+        self.c.on_subscribe = lambda _c, _u, mid, rcs, _p: self.subacks.__setitem__(mid, list(rcs))
+        self.c.on_disconnect = lambda *_a: self.disconnected.set()
+        self.c.reconnect_delay_set(30, 60)
+        self.c.connect("127.0.0.1", fleet.mosq.port)
+        self.c.loop_start()
+
+    def suback(self, topic: str) -> Any:
+        mid = self.c.subscribe(topic, qos=1)[1]
+        wait_until(lambda: mid in self.subacks, 5, f"the SUBACK for {topic}")
+        (rc,) = self.subacks[mid]
+        return rc
+
+    def close(self) -> None:
+        self.c.disconnect()
+        self.c.loop_stop()
+
+
 @pytest.mark.network
-def test_a_devices_foreign_and_shared_subscriptions_get_nothing_and_take_nothing(own_fleet: Any) -> None:
+def test_a_devices_foreign_and_shared_subscriptions_are_refused_at_suback(own_fleet: Any) -> None:
+    """Mosquitto's dynamic-security plugin (from ``broker mqtt config``, filled by the gateway) refuses a
+    device's SUBSCRIBE outside its own downlink subtree, ``$share/<the gateway's group>/...`` included."""
     fleet, gw = own_fleet
     victim = fleet.device("victim-dev")
-    cert, key = fleet.enroll("nosy-dev")
-    got: list[str] = []
-    nosy = _raw_client(fleet, "nosy-dev", cert, key)
-    nosy.on_message = lambda _c, _u, m: got.append(m.topic)
-    subscribed = threading.Event()
-    nosy.on_subscribe = lambda *_a: subscribed.set()
+    nosy = _Subscriber(fleet, "nosy-dev", *fleet.enroll("nosy-dev"))
     try:
         assert victim.connect()
-        nosy.connect("127.0.0.1", fleet.mosq.port)
-        nosy.loop_start()
-        filters = ["$share/hb-gateway/hb/v1/dev/+/up/#", "$share/hb-gw/hb/v1/dev/+/up/#", "hb/v1/dev/+/up/#", "#",
-                   "$share/x/hb/v1/dev/victim-dev/down/#"]
-        nosy.subscribe([(f, 1) for f in filters])
-        assert subscribed.wait(5)
-        assert gw.group.startswith("hb-gw-") and len(gw.group) > 30  # derived from the gateway key: unguessable
+        assert gw.acl_managed is True  # the gateway found the plugin and reconciled it in full on connect
+        refused = [f"$share/{gw.group}/hb/v1/dev/+/up/#", "$share/hb-gateway/hb/v1/dev/+/up/#",
+                   "$share/x/hb/v1/dev/nosy-dev/down/#", "hb/v1/dev/+/up/#", "hb/v1/dev/victim-dev/#",
+                   "hb/v1/dev/victim-dev/down/#", "#", "$CONTROL/dynamic-security/v1/response"]
+        for f in refused:
+            rc = nosy.suback(f)
+            assert rc.is_failure and rc.value == 0x87, (f, rc)  # MQTT 5 "Not authorized"
+        own = nosy.suback("hb/v1/dev/nosy-dev/down/#")
+        assert not own.is_failure and own.value == 1
+        assert victim.publish(victim.seal({"i": 0}), topic_device="nosy-dev").is_failure  # not its topic
+        victim.seq = 0  # that one never reached the gateway
         for i in range(20):
             assert not victim.publish(victim.seal({"i": i})).is_failure
         wait_until(lambda: fleet.stored("victim-dev") == 20, 15, "every victim message to reach the gateway")
         assert gw.rejections.counts.get(protocol.GAP, 0) == 0  # nothing was taken out of the gateway's group
         gw.send("victim-dev", "ack", {"ids": []})
-        time.sleep(0.5)
-        assert got == []  # read access outside its own subtree is denied, shared or not
+        gw.send("nosy-dev", "ack", {"ids": []})
+        wait_until(lambda: nosy.got == ["hb/v1/dev/nosy-dev/down/ack"], 5, "its own downlink, and only that")
+
+        # revocation: the plugin's client is deleted (which disconnects it) and every SUBSCRIBE is refused
+        with fleet.store.tx() as s:
+            devices.revoke_device(s, fleet.ca, "nosy-dev", now=utcnow())
+        assert nosy.disconnected.wait(5)  # the gateway's sync thread deleted its client (within acl_sync_s)
+        (listed,) = gw.control([{"command": "listClients"}]) or [{}]
+        assert "victim-dev" in listed["data"]["clients"] and "nosy-dev" not in listed["data"]["clients"]
+        again = _Subscriber(fleet, "nosy-dev", fleet.root / "nosy-dev.pem", fleet.root / "nosy-dev.key")
+        try:  # the CRL is not reloaded here: the plugin alone shuts it out
+            assert again.suback("hb/v1/dev/nosy-dev/down/#").is_failure
+        finally:
+            again.close()
+        assert not victim.publish(victim.seal({"i": 20})).is_failure
+        wait_until(lambda: fleet.stored("victim-dev") == 21, 10, "the gateway to go on receiving")
     finally:
-        nosy.disconnect()
-        nosy.loop_stop()
+        nosy.close()
         victim.close()
+
+
+@pytest.mark.network
+def test_an_agent_refused_at_suback_retries_until_the_gateway_lets_it_in(tmp_path: Path) -> None:
+    """Right after enrollment the plugin may not know the device yet: its SUBSCRIBE is refused, the agent's
+    transport does not count as connected (nothing is published) and retries until it is granted."""
+    from edge.agent.transport import MqttTransport
+
+    if MOSQUITTO is None:
+        pytest.skip("mosquitto is not installed (apt-get install -y mosquitto)")
+    fleet = Fleet(tmp_path)
+    fleet.mosq.start()
+    gw = make_gateway(fleet.store, fleet.mosq, fleet.ca, acl_sync_s=3600, acl_full_sync_s=3600)
+    states: list[bool] = []
+    t = None
+    try:
+        cert, key = fleet.enroll("late-dev")  # after the gateway's connect-time sync: unknown to the plugin
+        t = MqttTransport(client_id="late-dev", host="127.0.0.1", port=fleet.mosq.port,
+                          ca_file=str(fleet.ca.directory / "ca.pem"), cert_file=str(cert), key_file=str(key),
+                          subscribe=protocol.down_topic("late-dev", "#"), on_message=lambda *_a: None,
+                          on_state=states.append, reconnect_max_seconds=1)
+        wait_until(lambda: t.subscribe_refusals >= 2, 10, "the SUBSCRIBE to be refused and retried")
+        assert not t.connected and states == []
+        assert gw.sync_acl() == (1, 0)
+        wait_until(lambda: t.connected, 10, "the retried SUBSCRIBE to be granted")
+        assert states == [True]
+    finally:
+        if t is not None:
+            t.close()
+        gw.stop()
+        fleet.mosq.stop()
+        fleet.store.dispose()
 
 
 # ---- the executor: bounded result lines, the whole process tree, the task user -----------------------------
@@ -414,9 +485,10 @@ def test_revocation_ends_the_devices_open_connection_and_it_cannot_come_back(tmp
         with fleet.store.tx() as s:
             devices.revoke_device(s, fleet.ca, "doomed-dev", now=utcnow())
         fleet.mosq.reload_crl()  # the operator's step; Mosquitto checks the CRL only at the handshake
-        assert dev.client.is_connected() and not dropped.is_set()
-        gw.check_devices()
+        # the gateway's ACL sync deletes the device's client in the dynamic-security plugin, which ends the
+        # connection (within acl_sync_s); check_devices' session takeover does the same without the plugin
         assert dropped.wait(10), "the revoked device's connection stayed open"
+        gw.check_devices()
         dev.client.loop_stop()
         again = fleet.device("other-dev")  # the fleet still works
         assert again.connect()

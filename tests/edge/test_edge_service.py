@@ -9,6 +9,7 @@ on SQLite with the system clock and short gateway timeouts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -477,17 +478,19 @@ class Stack:
     mosquitto: CliMosquitto
     agents: list[AgentProcess] = field(default_factory=list)
 
-    def enroll(self, state_dir: Path, device_id: str) -> AgentProcess:
-        """Enroll over HTTP (the broker announces its MQTT URL) and start ``edge-agent run``."""
+    def enroll(self, state_dir: Path, device_id: str, **cfg: Any) -> AgentProcess:
+        """Enroll over HTTP (the broker announces its MQTT URL) and start ``edge-agent run`` (``cfg``: agent
+        settings to change)."""
         import dataclasses
 
         from edge.agent.enroll import enroll
 
         token = httpx.post(f"{self.url}/v1/edge/enroll-tokens", json={"namespace": NS}, headers=ADMIN_H).json()
-        cfg = enroll(self.url, token["token"], state_dir, device_id=device_id)
-        assert (cfg.mqtt_host, cfg.mqtt_port) == ("127.0.0.1", self.mosquitto.port)
-        dataclasses.replace(cfg, heartbeat_seconds=1.0, retransmit_seconds=2.0, reconnect_max_seconds=1,
-                            task_user="").save()
+        config = enroll(self.url, token["token"], state_dir, device_id=device_id)
+        assert (config.mqtt_host, config.mqtt_port) == ("127.0.0.1", self.mosquitto.port)
+        settings = {"heartbeat_seconds": 1.0, "retransmit_seconds": 2.0, "reconnect_max_seconds": 1,
+                    "task_user": "", **cfg}
+        dataclasses.replace(config, **settings).save()
         agent = AgentProcess(state_dir)
         agent.start()
         self.agents.append(agent)
@@ -510,8 +513,11 @@ class Stack:
         return dict(r.json())
 
 
-@pytest.fixture()
-def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
+@contextlib.contextmanager
+def open_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, gateway_options: dict[str, Any] | None = None,
+               **overrides: Any) -> Iterator[Stack]:
+    """The whole edge stack (``broker ca init``/``mqtt config`` -> Mosquitto, the broker app under uvicorn);
+    ``gateway_options`` and settings ``overrides`` replace the defaults below."""
     if MOSQUITTO is None:
         pytest.skip("mosquitto is not installed (apt-get install -y mosquitto)")
     data = tmp_path / "data"
@@ -524,10 +530,11 @@ def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
     mq.start()
     wait_port(port)
     # Only the URL is configured: the gateway finds its certificate files in <data dir>/ca by default.
+    settings = {"data_dir": data, "mqtt_url": f"mqtts://127.0.0.1:{port}", "scheduler_enabled": True,
+                "scheduler_interval_seconds": 0.2, **overrides}
     app = make_app(tmp_path, f"sqlite:///{tmp_path / 'broker.db'}", providers={"aws": FakeProvider("aws")},
-                   data_dir=data, mqtt_url=f"mqtts://127.0.0.1:{port}", scheduler_enabled=True,
-                   scheduler_interval_seconds=0.2,
-                   gateway_options={"offline_after_s": 2.0, "replace_after_s": 2.0, "client_id": "hb-gw-test"})
+                   gateway_options={"offline_after_s": 2.0, "replace_after_s": 2.0, "client_id": "hb-gw-test",
+                                    **(gateway_options or {})}, **settings)
     st: Stack | None = None
     try:
         with serve_in_thread(app) as url:
@@ -538,6 +545,12 @@ def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
         for a in st.agents if st else []:
             a.stop()
         mq.stop()
+
+
+@pytest.fixture()
+def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
+    with open_stack(tmp_path, monkeypatch) as st:
+        yield st
 
 
 def _done(stack: Stack, job_id: str) -> bool:

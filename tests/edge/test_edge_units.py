@@ -16,10 +16,9 @@ import edge
 import edge.agent
 from broker import devices
 from broker.model import Capacity, SiteKind
-from edge import pki, protocol
+from edge import mqttconf, pki, protocol
 from edge.agent.executor import TaskHandle, run_task
 from edge.agent.store import Store
-from edge.mqttconf import acl_text
 from tests.edge.conftest import new_token
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -247,7 +246,15 @@ def test_device_sites_carry_the_measured_link(store: Any, fresh_ca: Any) -> None
     assert site.location.key == "edge:site-dev"
 
 
-def test_acl_pins_each_device_to_its_own_subtree() -> None:
-    text = acl_text("hb-gateway")
-    assert "pattern readwrite hb/v1/dev/%u/#" in text
-    assert "user hb-gateway\ntopic readwrite hb/v1/dev/#" in text
+def test_the_dynsec_state_denies_by_default_and_pins_each_device_to_its_own_subtree(tmp_path: Path) -> None:
+    doc = mqttconf.dynsec_document("hb-gateway")
+    assert doc["defaultACLAccess"] == {"publishClientSend": False, "publishClientReceive": False,
+                                       "subscribe": False, "unsubscribe": True}
+    assert doc["clients"][0]["username"] == "hb-gateway" and [r["rolename"] for r in doc["roles"]] == ["hb-gateway"]
+    assert {(a["acltype"], a["topic"]) for a in mqttconf.device_role("cam-7")["acls"]} == {
+        ("publishClientSend", "hb/v1/dev/cam-7/up/#"), ("subscribePattern", "hb/v1/dev/cam-7/down/#"),
+        ("publishClientReceive", "hb/v1/dev/cam-7/down/#")}
+    assert [c["command"] for c in mqttconf.device_grant_commands("cam-7")] == ["createRole", "createClient"]
+    assert [c["command"] for c in mqttconf.device_revoke_commands("cam-7")] == ["deleteClient", "deleteRole"]
+    with pytest.raises(FileNotFoundError, match="dynsec-plugin"):
+        mqttconf.find_dynsec_plugin([str(tmp_path / "nope.so")])

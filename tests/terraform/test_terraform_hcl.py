@@ -148,8 +148,16 @@ def test_aws_database_and_mqtt_host_are_hardened() -> None:
 
 @pytest.mark.parametrize("template", sorted(TERRAFORM.rglob("*.tftpl")), ids=_rel)
 def test_mosquitto_config_requires_client_certificates(template: Path) -> None:
+    import json
+
+    from edge.mqttconf import dynsec_document
+
     text = template.read_text()
     for line in ["listener 8883", "require_certificate true", "use_identity_as_username true",
-                 "allow_anonymous false", "pattern readwrite hb/v1/dev/%u/#"]:
+                 "allow_anonymous false", "plugin /usr/lib/mosquitto_dynamic_security.so",
+                 "plugin_opt_config_file /var/lib/mosquitto/dynsec.json"]:
         assert line in text
-    assert "listener 1883" not in text
+    assert "listener 1883" not in text and "acl_file" not in text
+    # the plugin's initial state is exactly what `broker mqtt config` writes (devices are added by the gateway)
+    doc = text.split("<<'DYNSEC'\n", 1)[1].split("\nDYNSEC\n", 1)[0]
+    assert json.loads(doc.replace("${gateway_common_name}", "hb-gateway")) == dynsec_document("hb-gateway")
