@@ -12,6 +12,7 @@ returns ``id``, ``state``, ``placement`` (the OPTION object of ``broker place --
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -54,7 +55,7 @@ from broker.api_models import (
     WhoAmIOut,
     documented,
 )
-from broker.errors import ConflictError, NotFoundError, SpecError
+from broker.errors import ConflictError, ForbiddenError, NotFoundError, SpecError
 from broker.lifecycle import submit_jobs, transition
 from broker.model import TERMINAL_STATES, JobState
 from broker.store import AttemptRow, IdempotencyRow, JobEventRow, JobLabelRow, JobRow, Store
@@ -354,6 +355,7 @@ class _Submission:
     specs: list[Any]
     docs: list[str]
     burst: bool
+    restricted: bool = False  # a namespace token: only the PriorityClasses its namespace may use
 
 
 # Bodies up to this size (JSON) are parsed on the event loop (~40 us per spec); larger ones and YAML
@@ -424,12 +426,17 @@ def write_submissions(session: Session, subs: list[_Submission], *, clock: Any) 
                     else (row.status_code, json.loads(row.response_json), True)
                 )
     classes = _priority_classes(session)
+    restricted = {sub.ns for i, sub in enumerate(subs) if outcomes[i] is None and sub.restricted
+                  and any(spec.priority_class_name for spec in sub.specs)}
+    allow_lists = _allow_lists(session, restricted) if restricted and classes else {}
     priorities: dict[int, list[int]] = {}
     by_ns: dict[str, list[int]] = {}
     for i, sub in enumerate(subs):
         if outcomes[i] is not None:
             continue
         try:
+            if sub.ns in restricted:
+                _refuse_classes_not_allowed(classes, allow_lists.get(sub.ns), sub)
             priorities[i] = _resolve_priorities(classes, sub.specs, sub.burst)
         except SpecError as exc:
             outcomes[i] = exc
@@ -467,6 +474,24 @@ def _priority_classes(session: Session) -> dict[str, Any]:
                                      t.c.description))
     return {r.name: PriorityClass(r.name, r.value, r.preemption_policy, r.global_default, r.description)
             for r in rows}
+
+
+def _allow_lists(session: Session, namespaces: set[str]) -> dict[str, tuple[str, ...]]:
+    from broker.policy_store import allowed_priority_classes
+
+    return allowed_priority_classes(session, namespaces)
+
+
+def _refuse_classes_not_allowed(classes: dict[str, Any], allowed: tuple[str, ...] | None, sub: _Submission) -> None:
+    """A namespace token names only the PriorityClasses its namespace may use (:func:`policies.priority.check_usable`:
+    the admin's allow-list, else the classes at or below the default priority): else 403 on the field."""
+    from policies.priority import check_usable
+
+    for i, spec in enumerate(sub.specs):
+        if spec.priority_class_name:
+            reason = check_usable(spec.priority_class_name, sub.ns, allowed, classes)
+            if reason is not None:
+                raise ForbiddenError(f"{f'[{i}].' if sub.burst else ''}spec.priorityClassName", reason)
 
 
 def _resolve_priorities(classes: dict[str, Any], specs: list[Any], burst: bool) -> list[int]:
@@ -568,6 +593,7 @@ async def post_jobs(
         return _json_response(replay[1], replay[0], {"Idempotent-Replayed": "true"})
     if not principal.is_admin:
         _refuse_raw_priority(sub.specs, sub.burst)
+        sub = dataclasses.replace(sub, restricted=True)
     try:
         status, response, replayed = await asyncio.wrap_future(
             hb.writer.submit(sub)

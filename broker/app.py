@@ -30,6 +30,7 @@ from broker.errors import (
     AuthError,
     BrokerError,
     ConflictError,
+    ForbiddenError,
     InvalidRequestError,
     NotFoundError,
     SpecError,
@@ -365,6 +366,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(SpecError)
     async def _spec(_: Request, exc: SpecError) -> JSONResponse:
         return _error(422, str(exc), exc.field)
+
+    @app.exception_handler(ForbiddenError)
+    async def _forbidden(_: Request, exc: ForbiddenError) -> JSONResponse:
+        return _error(403, str(exc), exc.field)
 
     @app.exception_handler(NotFoundError)
     async def _nf(_: Request, exc: NotFoundError) -> JSONResponse:

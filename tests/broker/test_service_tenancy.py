@@ -30,6 +30,73 @@ def _cycles_until(app, client: httpx.Client, ns: str, job_id: str, states: set[s
         time.sleep(0.05)
 
 
+CLASSES = """\
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: urgent}
+value: 1000
+---
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: batch}
+value: -10
+"""
+
+
+def _apply(client: httpx.Client, text: str) -> httpx.Response:
+    return client.post("/v1/policies:apply", headers=ADMIN_H | {"Content-Type": "application/yaml"}, content=text)
+
+
+def test_a_tenant_uses_only_the_priority_classes_allowed_to_its_namespace(tmp_path: Path, store_url: str) -> None:
+    app = make_app(tmp_path, store_url)
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        a_h, b_h = _tenant(client, "team-a"), _tenant(client, "team-b")
+        assert _apply(client, CLASSES).status_code == 200
+        jobs_b = "/v1/namespaces/team-b/jobs"
+        # no allow-list: only classes at or below the default priority (0 here)
+        assert client.get("/v1/namespaces/team-b/priorityclasses", headers=b_h).json() == {
+            "namespace": "team-b", "allowList": None, "defaultValue": 0,
+            "usable": [{"name": "batch", "value": -10, "preemptionPolicy": "PreemptLowerPriority"}]}
+        refused = client.post(jobs_b, headers=b_h, json=job_doc("u", priorityClassName="urgent"))
+        assert refused.status_code == 403 and refused.json()["field"] == "spec.priorityClassName", refused.text
+        assert refused.json()["detail"].startswith("spec.priorityClassName: PriorityClassNotAllowed: namespace "
+                                                   "'team-b' may not use priorityClassName 'urgent'")
+        assert "broker policies allow team-b urgent" in refused.json()["detail"]
+        assert client.post(jobs_b, headers=b_h, json=job_doc("b", priorityClassName="batch")).status_code == 201
+        burst = client.post(jobs_b, headers=b_h, json=[job_doc("ok"), job_doc("u2", priorityClassName="urgent")])
+        assert (burst.status_code, burst.json()["field"]) == (403, "[1].spec.priorityClassName")
+        # the admin grants `urgent` to team-b only: by the policy document (broker apply) ...
+        granted = _apply(client, "apiVersion: hybrid-broker/v1\nkind: AllowedPriorityClasses\n"
+                                 "metadata: {name: allowed, namespace: team-b}\nspec: {priorityClassNames: [urgent]}\n")
+        assert granted.json()["applied"] == [{"kind": "AllowedPriorityClasses", "name": "team-b",
+                                              "namespace": "team-b", "action": "created"}], granted.text
+        assert client.post(jobs_b, headers=b_h, json=job_doc("u", priorityClassName="urgent")).json()["priority"] == 1000
+        assert client.post(jobs_b, headers=b_h, json=job_doc("b", priorityClassName="batch")).status_code == 403, \
+            "with a list, a class off the list is refused even below the default"
+        assert client.post("/v1/namespaces/team-a/jobs", headers=a_h,
+                           json=job_doc("u", priorityClassName="urgent")).status_code == 403, "team-a was not granted"
+        # ... or by the API; a namespace token can neither read another's nor set its own
+        assert client.get("/v1/namespaces/team-b/priorityclasses", headers=a_h).status_code == 404
+        assert client.put("/v1/namespaces/team-a/priorityclasses", headers=a_h,
+                          json={"priorityClassNames": ["urgent"]}).status_code == 403
+        put = client.put("/v1/namespaces/team-a/priorityclasses", headers=ADMIN_H,
+                         json={"priorityClassNames": ["urgent", "urgent"]})
+        assert put.json()["allowList"] == ["urgent"] and [c["name"] for c in put.json()["usable"]] == ["urgent"]
+        assert client.post("/v1/namespaces/team-a/jobs", headers=a_h,
+                           json=job_doc("u", priorityClassName="urgent")).status_code == 201
+        bad = client.put("/v1/namespaces/team-a/priorityclasses", headers=ADMIN_H, json={"priorityClassNames": [""]})
+        assert bad.status_code == 422 and bad.json()["field"] == "priorityClassNames[0]"
+        nowhere = _apply(client, "apiVersion: hybrid-broker/v1\nkind: AllowedPriorityClasses\n"
+                                 "metadata: {namespace: team-x}\nspec: {priorityClassNames: [urgent]}\n")
+        assert nowhere.status_code == 422 and nowhere.json()["field"] == "items[0].metadata.namespace"
+        reset = client.delete("/v1/namespaces/team-a/priorityclasses", headers=ADMIN_H)
+        assert reset.json()["allowList"] is None
+        assert client.post("/v1/namespaces/team-a/jobs", headers=a_h,
+                           json=job_doc("u", priorityClassName="urgent")).status_code == 403
+        # the admin token is not limited by any list
+        assert client.post(jobs_b, headers=ADMIN_H, json=job_doc("a", priorityClassName="batch")).status_code == 201
+
+
 def test_a_tenant_cannot_raise_its_priority_and_a_preemption_never_names_another_namespace(tmp_path: Path) -> None:
     app = make_app(tmp_path, f"sqlite:///{tmp_path / 'broker.db'}")
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as client:
@@ -41,11 +108,10 @@ def test_a_tenant_cannot_raise_its_priority_and_a_preemption_never_names_another
         lower = client.post("/v1/namespaces/team-b/jobs", headers=b_h, json=job_doc("nice", priority=-5))
         assert lower.status_code == 201, "lowering one's own priority is allowed"
         client.delete(f"/v1/namespaces/team-b/jobs/{lower.json()['id']}", headers=b_h)
-        # an admin-granted class still preempts across namespaces; the victim learns nothing of who
-        applied = client.post("/v1/policies:apply", headers=ADMIN_H | {"Content-Type": "application/yaml"},
-                              content="apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\n"
-                                      "metadata: {name: urgent}\nvalue: 1000\n")
-        assert applied.status_code == 200, applied.text
+        # a class the admin allowed to team-b still preempts across namespaces; the victim learns nothing of who
+        assert _apply(client, CLASSES).status_code == 200
+        assert client.put("/v1/namespaces/team-b/priorityclasses", headers=ADMIN_H,
+                          json={"priorityClassNames": ["urgent"]}).status_code == 200
         victim = client.post("/v1/namespaces/team-a/jobs", headers=a_h,
                              json=job_doc("victim", cpu="2", providers=["onprem"], command=["sleep", "30"])).json()
         assert _cycles_until(app, client, "team-a", victim["id"], {"RUNNING"})["state"] == "RUNNING"
@@ -59,6 +125,9 @@ def test_a_tenant_cannot_raise_its_priority_and_a_preemption_never_names_another
         assert requeue["reason"].startswith("Preempted by a job of another namespace (priority 1000 > 0)")
         text = str(seen)
         assert urgent.json()["id"] not in text and "secret-project" not in text
+        preemptor = str(client.get(f"/v1/namespaces/team-b/jobs/{urgent.json()['id']}", headers=b_h).json())
+        assert "1 job(s) of other namespaces" in preemptor, preemptor
+        assert victim["id"] not in preemptor and "victim" not in preemptor and "team-a" not in preemptor
         pool = app.state.hb.providers["onprem"]
         for inst in pool.instances():
             pool.signal(inst.id, 9)
