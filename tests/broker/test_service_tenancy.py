@@ -1,16 +1,20 @@
-"""Issue 17, tenants and replicas: a namespace token cannot raise its priority, a preemption never names
-another namespace's job, and cancel / logs through a replica that is not the scheduler leader act on the
-run the leader started (two apps on one store and one data directory; real uvicorn; SQLite and PostgreSQL)."""
+"""Issue 17, tenants and replicas: a namespace token names only the PriorityClasses its namespace is allowed and
+cannot raise its priority, a preemption never names another namespace's job, and cancel / logs through a replica
+that is not the scheduler leader act on the run the leader started: two apps on one data directory (one
+machine), and two ``broker serve`` processes with separate data directories (two machines). Real uvicorn;
+SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from broker.model import InstanceState
-from tests.broker.service_support import ADMIN_H, job_doc, make_app, serve_in_thread
+from tests.broker.service_support import ADMIN_H, job_doc, make_app, serve_in_thread, write_inventory
 
 
 def _tenant(client: httpx.Client, ns: str) -> dict[str, str]:
@@ -152,3 +156,77 @@ def test_cancel_and_logs_through_a_replica_that_is_not_the_leader(tmp_path: Path
         assert cancelled.status_code == 200 and cancelled.json()["state"] == "CANCELLED"
     # the run the leader started is really stopped, not just marked
     assert leader.state.hb.providers["onprem"].instance(iid).state is not InstanceState.RUNNING
+
+
+def _until(probe, seconds: float = 30.0):
+    """Call ``probe`` until it returns something truthy (bounded); returns that."""
+    deadline = time.monotonic() + seconds
+    while True:
+        got = probe()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(0.1)
+
+
+@pytest.mark.network
+def test_cancel_and_logs_through_a_replica_on_another_machine(tmp_path: Path) -> None:
+    """Two ``broker serve`` processes on one PostgreSQL with separate data directories (two machines: no shared
+    process table entry or file is used): the job runs on the leader; the other replica serves its real output
+    and its cancel stops it before the job reads CANCELLED."""
+    from providers.onprem import _proc_start_ticks
+    from tests.broker.replica_support import ADMIN_H as REP_H
+    from tests.broker.replica_support import Replica, pg_database, prepare_database, stop_all
+
+    with pg_database() as url:
+        if url is None:
+            pytest.skip("PostgreSQL is not reachable")
+        prepare_database(url)
+        env = {"BROKER_PROVIDERS": "onprem", "BROKER_ONPREM_SANDBOX": "off",
+               "BROKER_INVENTORY": str(write_inventory(tmp_path))}
+        replicas = [Replica(n, tmp_path, url, env=env) for n in ("machine-a", "machine-b")]
+        try:
+            for r in replicas:
+                r.start()
+            for r in replicas:
+                r.wait_ready()
+            assert _until(lambda: sum(r.leader_lines() for r in replicas)), replicas[0].log.read_text()[-2000:]
+            leader, other = sorted(replicas, key=lambda r: -r.leader_lines())
+            with httpx.Client(base_url=other.url, headers=REP_H, timeout=30) as b:
+                job = b.post("/v1/namespaces/default/jobs", json=job_doc(
+                    "long", providers=["onprem"],
+                    command=["sh", "-c", "echo hello-from-machine-a; echo oops >&2; sleep 120"])).json()
+                path = f"/v1/namespaces/default/jobs/{job['id']}"
+                running = _until(lambda: (j := b.get(path).json())["state"] == "RUNNING" and j)
+                assert running, b.get(path).json()
+                (iid,) = [i["id"] for i in running["instances"]]
+                run = json.loads((leader.data / "runs" / iid / "run.json").read_text())
+                assert not (other.data / "runs" / iid).exists(), "the replicas share no files"
+                # logs: never an empty 200; once the leader stored the tail, the real output
+                seen = []
+
+                def logs() -> httpx.Response | None:
+                    r = b.get(f"{path}/logs")
+                    seen.append(r.status_code)
+                    assert r.status_code in (200, 503), r.text
+                    assert r.status_code == 503 or r.text, "a 200 is never empty while the output exists"
+                    return r if r.status_code == 200 else None
+
+                out = _until(logs)
+                assert out is not None and out.text == "hello-from-machine-a\n", seen
+                assert out.headers["x-log-source"] == "stored" and out.headers["x-log-ended"] == "false"
+                err = b.get(f"{path}/logs", params={"stream": "stderr"})
+                assert (err.status_code, err.text) == (200, "oops\n")
+                # cancel through machine-b: recorded (202), the run still going; machine-a stops it
+                cancel = b.delete(path)
+                assert cancel.status_code == 202, cancel.text
+                assert cancel.json()["state"] == "RUNNING" and cancel.json()["cancel_requested_at"]
+                ended = _until(lambda: (j := b.get(path).json())["state"] == "CANCELLED" and j)
+                assert ended, b.get(path).json()
+                assert _proc_start_ticks(run["pid"]) != run["start_ticks"], "CANCELLED only once the run stopped"
+                assert "requested through another replica" in ended["events"][-1]["reason"]
+                final = b.get(f"{path}/logs")
+                assert (final.status_code, final.text) == (200, "hello-from-machine-a\n")
+                assert final.headers["x-log-ended"] == "true"
+                assert b.delete(path).status_code == 409
+        finally:
+            stop_all(replicas)
