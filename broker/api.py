@@ -684,8 +684,11 @@ def cancel_job(
     ns: Annotated[str, Depends(require_namespace)],
     hb: Annotated[Any, Depends(get_state)],
 ) -> Response:
-    """Cancel a job and stop whatever runs for it: 200 with the job CANCELLED once its run is stopped, 202 while
-    the replica that runs it has still to stop it (an on-prem run of another machine). 409 when it already ended.
+    """Cancel a job and stop whatever runs for it: 200 once stopped and CANCELLED, 202 while the replica that
+    runs it has still to stop it. 409 when it already ended.
+
+    202 comes from a replica that cannot stop the run itself (an on-prem run of another machine): the cancel is
+    recorded and the job ends CANCELLED once that run is stopped; ask the job again.
     \f
     Protocol (:mod:`broker.job_logs`): a job with a run first gets ``cancel_requested_at`` (the leader's poll
     then leaves it alone, so the stop is not taken for a crash); a replica that can stop the run does so and
@@ -733,10 +736,11 @@ def job_logs(
     stream: Annotated[str, Query(pattern="^(stdout|stderr)$")] = "stdout",
     tail_bytes: Annotated[int, Query(ge=1, le=16 * 1024 * 1024)] = 1024 * 1024,
 ) -> Response:
-    """The ``stdout`` (or ``stderr``) of the job's run, last ``tail_bytes`` bytes: from this replica's data
-    directory when it runs the job here, else the tail the replica running it stored (``X-Log-Source: stored``,
-    at most 256 KiB, a few seconds behind while it runs). 503 (``Retry-After``) while a run elsewhere has stored
-    nothing yet, 404 when no log of the run is kept anywhere.
+    """The ``stdout`` (or ``stderr``) of the job's run, last ``tail_bytes`` bytes, from whichever replica has it.
+
+    From this replica's data directory when it runs the job here, else the tail the replica running it stored
+    (``X-Log-Source: stored``, at most 256 KiB, a few seconds behind while it runs). 503 (``Retry-After``) while a
+    run elsewhere has stored nothing yet, 404 when no log of the run is kept anywhere.
     \f
     ``X-Log-Source`` is ``local``, ``stored`` or ``provider`` (a cloud VM's tail, reported when it ends);
     a stored tail also has ``X-Log-Stored-At``, ``X-Log-Size`` (the stream's whole size) and ``X-Log-Ended``.
