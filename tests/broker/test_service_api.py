@@ -331,7 +331,7 @@ def test_every_route_answers_every_kind_of_caller_without_leaking_another_namesp
                 where = f"{method} {path} with {caller}: {r.status_code} {r.text[:300]}"
                 swept += 1
                 assert r.status_code < 500, where
-                leaked = [m for m in markers if m in r.text and m not in target]  # echoing the caller's own words is no leak
+                leaked = [m for m in markers if m in r.text and m not in target]  # echoing its own words is fine
                 assert not leaked, f"{where} names {leaked}"
                 if path in PUBLIC:
                     assert auth == "no bearer token", path

@@ -74,7 +74,8 @@ def test_a_tenant_uses_only_the_priority_classes_allowed_to_its_namespace(tmp_pa
                                  "metadata: {name: allowed, namespace: team-b}\nspec: {priorityClassNames: [urgent]}\n")
         assert granted.json()["applied"] == [{"kind": "AllowedPriorityClasses", "name": "team-b",
                                               "namespace": "team-b", "action": "created"}], granted.text
-        assert client.post(jobs_b, headers=b_h, json=job_doc("u", priorityClassName="urgent")).json()["priority"] == 1000
+        urgent = client.post(jobs_b, headers=b_h, json=job_doc("u", priorityClassName="urgent"))
+        assert urgent.json()["priority"] == 1000, urgent.text
         assert client.post(jobs_b, headers=b_h, json=job_doc("b", priorityClassName="batch")).status_code == 403, \
             "with a list, a class off the list is refused even below the default"
         assert client.post("/v1/namespaces/team-a/jobs", headers=a_h,
