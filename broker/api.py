@@ -739,7 +739,7 @@ def job_logs(
     """The ``stdout`` (or ``stderr``) of the job's run, last ``tail_bytes`` bytes, from whichever replica has it.
 
     From this replica's data directory when it runs the job here, else the tail the replica running it stored
-    (``X-Log-Source: stored``, at most 256 KiB, a few seconds behind while it runs). 503 (``Retry-After``) while a
+    (``X-Log-Source: stored``, at most 64 KiB, a few seconds behind while it runs). 503 (``Retry-After``) while a
     run elsewhere has stored nothing yet, 404 when no log of the run is kept anywhere.
     \f
     ``X-Log-Source`` is ``local``, ``stored`` or ``provider`` (a cloud VM's tail, reported when it ends);

@@ -51,7 +51,7 @@ __all__ = [
 
 log = logging.getLogger("broker.job_logs")
 
-STORED_TAIL_BYTES = 256 * 1024  # of each stream of each job's current run
+STORED_TAIL_BYTES = 64 * 1024  # of each stream of each job's current run (kept after it ends: bounded rows)
 CAPTURE_EVERY_SECONDS = 2.0  # at most this often per running job, and only when a stream grew
 STREAMS = ("stdout", "stderr")
 
@@ -151,9 +151,11 @@ class LogCapture:
             self._last[job_id] = (time.monotonic(), (tails[0][1] if tails[0] else 0, tails[1][1] if tails[1] else 0))
         return True
 
-    def forget(self, job_ids: Iterable[str]) -> None:
-        for job_id in job_ids:
-            self._last.pop(job_id, None)
+    def retain(self, job_ids: Iterable[str]) -> None:
+        """Forget every job but ``job_ids`` (the on-prem jobs running now): memory stays bounded by them."""
+        keep = set(job_ids)
+        for job_id in [j for j in self._last if j not in keep]:
+            del self._last[job_id]
 
 
 def stored_tail(session: Any, job_id: str, stream: str) -> StoredTail | None:

@@ -1387,6 +1387,7 @@ class Scheduler:
             ))
         if self.edge is not None:
             running = [r for r in running if r.provider != "edge"]
+        self.log_capture.retain(r.id for r in running if r.provider == "onprem")  # bounded: running jobs only
         if not running:
             return edge_done
         by_provider: dict[str, dict[str, Instance]] = {}
