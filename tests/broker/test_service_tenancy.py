@@ -231,3 +231,45 @@ def test_cancel_and_logs_through_a_replica_on_another_machine(tmp_path: Path) ->
                 assert b.delete(path).status_code == 409
         finally:
             stop_all(replicas)
+
+
+def test_a_replica_without_the_run_answers_503_then_the_stored_tail_202_to_a_cancel_and_404_without_logs(
+    tmp_path: Path, store_url: str
+) -> None:
+    """Two apps on one store with separate data directories (in one process, driven cycle by cycle)."""
+    import sqlalchemy as sa
+
+    from broker.store import JobLogTailRow
+
+    leader = make_app(tmp_path, store_url)
+    (tmp_path / "b").mkdir()
+    other = make_app(tmp_path / "b", store_url)
+    with serve_in_thread(other) as url, httpx.Client(base_url=url, headers=ADMIN_H, timeout=30) as b:
+        job = b.post("/v1/namespaces/default/jobs", json=job_doc(
+            "long", providers=["onprem"], command=["sh", "-c", "echo first-line; sleep 30"])).json()
+        path = f"/v1/namespaces/default/jobs/{job['id']}"
+        running = _cycles_until(leader, b, "default", job["id"], {"RUNNING"})
+        (iid,) = [i["id"] for i in running["instances"]]
+        out = leader.state.hb.providers["onprem"].logs(iid)[0]
+        assert _until(lambda: out.exists() and out.read_text()), "the run wrote its first line"
+        early = b.get(f"{path}/logs")
+        assert early.status_code == 503 and early.headers["retry-after"] == "2", early.text
+        assert "ask again" in early.json()["detail"]
+        leader.state.hb.scheduler.run_cycle()  # the leader's poll stores the tail
+        stored = b.get(f"{path}/logs")
+        assert (stored.status_code, stored.text, stored.headers["x-log-source"]) == (200, "first-line\n", "stored")
+        assert int(stored.headers["x-log-size"]) == len("first-line\n")
+        pending = b.delete(path)
+        assert (pending.status_code, pending.json()["state"]) == (202, "RUNNING")
+        assert b.delete(path).status_code == 202, "asking again is harmless"
+        assert leader.state.hb.providers["onprem"].instance(iid).state is InstanceState.RUNNING
+        report = leader.state.hb.scheduler.run_cycle()
+        assert report.cancelled == 1
+        assert leader.state.hb.providers["onprem"].instance(iid).state is not InstanceState.RUNNING
+        assert b.get(path).json()["state"] == "CANCELLED"
+        assert b.get(f"{path}/logs").headers["x-log-ended"] == "true"
+        tails = JobLogTailRow.__table__  # type: ignore[attr-defined]
+        with leader.state.hb.store.tx() as session:
+            session.execute(sa.delete(tails).where(tails.c.job_id == job["id"]))
+        gone = b.get(f"{path}/logs")
+        assert gone.status_code == 404 and "no log" in gone.json()["detail"], gone.text
