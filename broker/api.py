@@ -896,7 +896,7 @@ def _preview_sync(hb: Any, principal: Principal, body: bytes, content_type: str)
         raise SpecError("", "a preview takes one job spec (a mapping), not a list")
     now = hb.clock.now()
     spec = parse_job_spec(payload, now=now)
-    result = hb.place(spec.request, now=now)
+    result = hb.place(spec.request, now=now, extra_offers=hb.visible_offers(principal.namespace))
     try:
         from broker import decisions
 
@@ -912,7 +912,7 @@ def _preview_sync(hb: Any, principal: Principal, body: bytes, content_type: str)
 
 @router.get("/v1/catalog/offers", tags=["placement"], response_model=None, responses=documented(OffersOut))
 def catalog_offers(
-    _principal: Annotated[Principal, Depends(current_principal)],
+    principal: Annotated[Principal, Depends(current_principal)],
     hb: Annotated[Any, Depends(get_state)],
     provider: Annotated[str | None, Query(max_length=32)] = None,
     region: Annotated[str | None, Query(max_length=64)] = None,
@@ -923,7 +923,8 @@ def catalog_offers(
     offset: Annotated[int, Query(ge=0, le=100_000)] = 0,
 ) -> dict[str, Any]:
     """Offers of the catalog (and the on-prem pool), cheapest first, filtered; ``limit``/``offset`` pages."""
-    offers, total = hb.offers_matching(provider, region, min_vcpus, min_memory_gib, min_gpus, offset + limit)
+    offers, total = hb.offers_matching(provider, region, min_vcpus, min_memory_gib, min_gpus, offset + limit,
+                                       namespace=principal.namespace)  # a namespace token: its own devices only
     page = offers[offset : offset + limit]
     return {
         "catalog_version": hb.catalog_version,
