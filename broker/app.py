@@ -185,7 +185,8 @@ class AppState:
         if namespace is None or self.edge is None:
             return offers
         fleet = self.edge.fleet
-        return [o for o in offers if o.location.provider != "edge" or fleet.namespace_of(o.location.region) == namespace]
+        return [o for o in offers
+                if o.location.provider != "edge" or fleet.namespace_of(o.location.region) == namespace]
 
     def egress_model(self) -> Any:
         """The egress model with the sites of :attr:`site_sources` (edge devices) merged in; rebuilt only
