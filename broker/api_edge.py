@@ -131,6 +131,7 @@ def crl(
 @router.get("/v1/edge/probe")
 def probe(nbytes: Annotated[int, Query(alias="bytes", ge=1, le=16 << 20)] = 1 << 20) -> Response:
     """A payload of ``bytes`` zero bytes (at most 16 MiB) that agents download to measure their link bandwidth.
+
     \f
     Streamed in 64 KiB chunks of one shared buffer: an unauthenticated caller asking many times at once costs
     bandwidth, not 16 MiB of memory per request."""
