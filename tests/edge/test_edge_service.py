@@ -425,8 +425,8 @@ def test_cancelling_a_job_cancels_its_open_task_and_ignores_the_device_report(sv
     job_id, task = _running_on_edge(svc, Dev("dev-a"))
     from broker.api import cancel_job
 
-    out = cancel_job(job_id, NS, svc.hb)  # the DELETE handler: CANCELLED, then a cancel downlink for the task
-    assert out["state"] == JobState.CANCELLED.value
+    answer = cancel_job(job_id, NS, svc.hb)  # the DELETE handler: the cancel downlink for the task, then CANCELLED
+    assert answer.status_code == 200 and json.loads(answer.body)["state"] == JobState.CANCELLED.value
     svc.device_reports(task.task_id, "cancelled")
     svc.edge.runner.task_status(task.job_id, "CANCELLED", None, {"task_id": task.task_id})
     assert svc.job(job_id).state == JobState.CANCELLED.value
