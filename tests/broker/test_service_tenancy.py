@@ -239,6 +239,7 @@ def test_a_replica_without_the_run_answers_503_then_the_stored_tail_202_to_a_can
     """Two apps on one store with separate data directories (in one process, driven cycle by cycle)."""
     import sqlalchemy as sa
 
+    from broker.job_logs import carry_out_cancels
     from broker.store import JobLogTailRow
 
     leader = make_app(tmp_path, store_url)
@@ -263,11 +264,20 @@ def test_a_replica_without_the_run_answers_503_then_the_stored_tail_202_to_a_can
         assert (pending.status_code, pending.json()["state"]) == (202, "RUNNING")
         assert b.delete(path).status_code == 202, "asking again is harmless"
         assert leader.state.hb.providers["onprem"].instance(iid).state is InstanceState.RUNNING
+        assert carry_out_cancels(other.state.hb, leader=True) == 0, "a replica cannot stop another machine's run"
         report = leader.state.hb.scheduler.run_cycle()
         assert report.cancelled == 1
         assert leader.state.hb.providers["onprem"].instance(iid).state is not InstanceState.RUNNING
         assert b.get(path).json()["state"] == "CANCELLED"
         assert b.get(f"{path}/logs").headers["x-log-ended"] == "true"
+        # the replica whose pool runs a job carries its cancel out even when it no longer leads
+        second = b.post("/v1/namespaces/default/jobs", json=job_doc(
+            "second", providers=["onprem"], command=["sleep", "30"])).json()
+        (iid2,) = [i["id"] for i in _cycles_until(leader, b, "default", second["id"], {"RUNNING"})["instances"]]
+        assert b.delete(f"/v1/namespaces/default/jobs/{second['id']}").status_code == 202
+        assert carry_out_cancels(leader.state.hb, leader=False) == 1
+        assert leader.state.hb.providers["onprem"].instance(iid2).state is not InstanceState.RUNNING
+        assert b.get(f"/v1/namespaces/default/jobs/{second['id']}").json()["state"] == "CANCELLED"
         tails = JobLogTailRow.__table__  # type: ignore[attr-defined]
         with leader.state.hb.store.tx() as session:
             session.execute(sa.delete(tails).where(tails.c.job_id == job["id"]))
