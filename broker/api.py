@@ -12,6 +12,7 @@ returns ``id``, ``state``, ``placement`` (the OPTION object of ``broker place --
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -54,7 +55,7 @@ from broker.api_models import (
     WhoAmIOut,
     documented,
 )
-from broker.errors import ConflictError, NotFoundError, SpecError
+from broker.errors import ConflictError, ForbiddenError, NotFoundError, SpecError
 from broker.lifecycle import submit_jobs, transition
 from broker.model import TERMINAL_STATES, JobState
 from broker.store import AttemptRow, IdempotencyRow, JobEventRow, JobLabelRow, JobRow, Store
@@ -170,6 +171,7 @@ def job_detail(session: Session, row: Any) -> dict[str, Any]:
             "started_at": _iso(row.started_at),
             "finished_at": _iso(row.finished_at),
             "not_before": _iso(row.not_before),
+            "cancel_requested_at": _iso(getattr(row, "cancel_requested_at", None)),
             "attempts": attempts,
             "events": events,
         }
@@ -354,6 +356,7 @@ class _Submission:
     specs: list[Any]
     docs: list[str]
     burst: bool
+    restricted: bool = False  # a namespace token: only the PriorityClasses its namespace may use
 
 
 # Bodies up to this size (JSON) are parsed on the event loop (~40 us per spec); larger ones and YAML
@@ -424,12 +427,17 @@ def write_submissions(session: Session, subs: list[_Submission], *, clock: Any) 
                     else (row.status_code, json.loads(row.response_json), True)
                 )
     classes = _priority_classes(session)
+    restricted = {sub.ns for i, sub in enumerate(subs) if outcomes[i] is None and sub.restricted
+                  and any(spec.priority_class_name for spec in sub.specs)}
+    allow_lists = _allow_lists(session, restricted) if restricted and classes else {}
     priorities: dict[int, list[int]] = {}
     by_ns: dict[str, list[int]] = {}
     for i, sub in enumerate(subs):
         if outcomes[i] is not None:
             continue
         try:
+            if sub.ns in restricted:
+                _refuse_classes_not_allowed(classes, allow_lists.get(sub.ns), sub)
             priorities[i] = _resolve_priorities(classes, sub.specs, sub.burst)
         except SpecError as exc:
             outcomes[i] = exc
@@ -467,6 +475,24 @@ def _priority_classes(session: Session) -> dict[str, Any]:
                                      t.c.description))
     return {r.name: PriorityClass(r.name, r.value, r.preemption_policy, r.global_default, r.description)
             for r in rows}
+
+
+def _allow_lists(session: Session, namespaces: set[str]) -> dict[str, tuple[str, ...]]:
+    from broker.policy_store import allowed_priority_classes
+
+    return allowed_priority_classes(session, namespaces)
+
+
+def _refuse_classes_not_allowed(classes: dict[str, Any], allowed: tuple[str, ...] | None, sub: _Submission) -> None:
+    """A namespace token names only the PriorityClasses its namespace may use (:func:`policies.priority.check_usable`:
+    the admin's allow-list, else the classes at or below the default priority): else 403 on the field."""
+    from policies.priority import check_usable
+
+    for i, spec in enumerate(sub.specs):
+        if spec.priority_class_name:
+            reason = check_usable(spec.priority_class_name, sub.ns, allowed, classes)
+            if reason is not None:
+                raise ForbiddenError(f"{f'[{i}].' if sub.burst else ''}spec.priorityClassName", reason)
 
 
 def _resolve_priorities(classes: dict[str, Any], specs: list[Any], burst: bool) -> list[int]:
@@ -568,6 +594,7 @@ async def post_jobs(
         return _json_response(replay[1], replay[0], {"Idempotent-Replayed": "true"})
     if not principal.is_admin:
         _refuse_raw_priority(sub.specs, sub.burst)
+        sub = dataclasses.replace(sub, restricted=True)
     try:
         status, response, replayed = await asyncio.wrap_future(
             hb.writer.submit(sub)
@@ -649,32 +676,57 @@ def get_job(
 
 
 @router.delete("/v1/namespaces/{ns}/jobs/{job_id}", tags=["jobs"], response_model=None,
-               responses=documented(JobDetailOut, 200, 409))
+               responses=documented(JobDetailOut, 200, 409) | {202: {
+                   "model": JobDetailOut, "description": "the cancel is recorded; the replica that runs the job "
+                   "stops it (ask the job again: it ends CANCELLED)"}})
 def cancel_job(
     job_id: str,
     ns: Annotated[str, Depends(require_namespace)],
     hb: Annotated[Any, Depends(get_state)],
-) -> dict[str, Any]:
-    """Cancel a job and terminate whatever runs for it. 409 when it already ended."""
+) -> Response:
+    """Cancel a job and stop whatever runs for it: 200 once stopped and CANCELLED, 202 while the replica that
+    runs it has still to stop it. 409 when it already ended.
+
+    202 comes from a replica that cannot stop the run itself (an on-prem run of another machine): the cancel is
+    recorded and the job ends CANCELLED once that run is stopped; ask the job again.
+    \f
+    Protocol (:mod:`broker.job_logs`): a job with a run first gets ``cancel_requested_at`` (the leader's poll
+    then leaves it alone, so the stop is not taken for a crash); a replica that can stop the run does so and
+    only then marks the job CANCELLED; otherwise the leader, or the replica whose pool runs it, does.
+    """
+    from broker.job_logs import can_stop_here, instance_ids, stop_and_cancel
+    from broker.lifecycle import note
+
     store: Store = hb.store
+    now = hb.clock.now()
     with store.tx() as session:
         row = _get_row(session, ns, job_id)
         if JobState(row.state) in TERMINAL_STATES:
             raise ConflictError(f"job {job_id} already ended ({row.state}); nothing to cancel")
-        transition(session, job_id, JobState.CANCELLED, now=hb.clock.now(), reason="cancelled by user",
-                   finished_at=hb.clock.now())
-    hb.metrics.transitions.labels(JobState.CANCELLED.value).inc()
-    instances = _loads(row.instances_json) or []
-    if row.provider and instances:
-        hb.terminate_instances(row.provider, [i["id"] if isinstance(i, dict) else i for i in instances],
-                               f"{job_id}:cancel")
+        ids = instance_ids(row.instances_json)
+        has_run = bool(row.provider and ids)
+        if not has_run:  # nothing runs for it (a launch in flight is the leader's to undo: reconcile, sweeper)
+            transition(session, job_id, JobState.CANCELLED, now=now, reason="cancelled by user", finished_at=now)
+        elif row.cancel_requested_at is None:
+            session.execute(_jobs.update().where(_jobs.c.id == job_id).values(cancel_requested_at=now))
+            note(session, job_id, JobState(row.state), "cancel requested by user", now=now)
+    if not has_run:
+        hb.metrics.transitions.labels(JobState.CANCELLED.value).inc()
+    elif can_stop_here(hb.providers, row.provider, ids):
+        stop_and_cancel(hb, job_id, reason="cancelled by user")
     with store.read() as session:
-        return job_detail(session, _get_row(session, ns, job_id))
+        out = job_detail(session, _get_row(session, ns, job_id))
+    pending = out["state"] != JobState.CANCELLED.value
+    return _json_response(out, 202 if pending else 200)
+
+
+def _log_headers(source: str, **extra: Any) -> dict[str, str]:
+    return {"X-Log-Source": source, **{f"X-Log-{k.replace('_', '-').title()}": str(v) for k, v in extra.items()}}
 
 
 @router.get(
     "/v1/namespaces/{ns}/jobs/{job_id}/logs", tags=["jobs"], response_class=PlainTextResponse,
-    responses=_ERRORS | {409: _ERR},
+    responses=_ERRORS | {409: _ERR, 503: _ERR},
 )
 def job_logs(
     job_id: str,
@@ -683,11 +735,20 @@ def job_logs(
     hb: Annotated[Any, Depends(get_state)],
     stream: Annotated[str, Query(pattern="^(stdout|stderr)$")] = "stdout",
     tail_bytes: Annotated[int, Query(ge=1, le=16 * 1024 * 1024)] = 1024 * 1024,
-) -> PlainTextResponse:
-    """The ``stdout`` (or ``stderr``) of the job's on-prem run, last ``tail_bytes`` bytes."""
+) -> Response:
+    """The ``stdout`` (or ``stderr``) of the job's run, last ``tail_bytes`` bytes, from whichever replica has it.
+
+    From this replica's data directory when it runs the job here, else the tail the replica running it stored
+    (``X-Log-Source: stored``, at most 64 KiB, a few seconds behind while it runs). 503 (``Retry-After``) while a
+    run elsewhere has stored nothing yet, 404 when no log of the run is kept anywhere.
+    \f
+    ``X-Log-Source`` is ``local``, ``stored`` or ``provider`` (a cloud VM's tail, reported when it ends);
+    a stored tail also has ``X-Log-Stored-At``, ``X-Log-Size`` (the stream's whole size) and ``X-Log-Ended``.
+    """
+    from broker.job_logs import instance_ids, read_tail, stored_tail
+
     row = _get_row(session, ns, job_id)
-    instances = _loads(row.instances_json) or []
-    pool = hb.providers.get("onprem")
+    ids = instance_ids(row.instances_json)
     # a cloud run: the log tail its VM reported with its exit code, from the job's final event (stdout and
     # stderr together, so ``stderr`` is empty); see docs/PROVIDERS.md
     if row.provider and row.provider != "onprem":
@@ -698,27 +759,36 @@ def job_logs(
             raise ConflictError(f"job {job_id} is {row.state} on {row.provider}: a cloud run's log tail is "
                                 "reported when it ends; ask again then")
         text = str(tails[0].get("log_tail") or "") if tails and stream == "stdout" else ""
-        return PlainTextResponse(text.encode()[-tail_bytes:].decode("utf-8", "ignore"))
-    if row.provider != "onprem" or not instances or pool is None or not hasattr(pool, "logs"):
-        raise ConflictError(
-            f"job {job_id} has no on-prem run (state {row.state}, provider {row.provider or 'none'}); logs are "
-            "kept only for on-prem runs"
-        )
-    iid = instances[0]["id"] if isinstance(instances[0], dict) else instances[0]
-    try:
-        out_path, err_path = pool.logs(iid)
-    except NotFoundError:
-        return PlainTextResponse("")
-    path = out_path if stream == "stdout" else err_path
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - tail_bytes))
-            data = f.read()
-    except OSError:
-        data = b""
-    return PlainTextResponse(data.decode("utf-8", "replace"))
+        return PlainTextResponse(text.encode()[-tail_bytes:].decode("utf-8", "ignore"),
+                                 headers=_log_headers("provider"))
+    stored = stored_tail(session, job_id, stream)
+    if row.provider != "onprem" or not ids:
+        if stored is None:
+            raise ConflictError(
+                f"job {job_id} has no on-prem run (state {row.state}, provider {row.provider or 'none'}); logs are "
+                "kept only for on-prem and cloud runs"
+            )
+    else:
+        pool = hb.providers.get("onprem")
+        paths = None
+        if pool is not None and hasattr(pool, "logs"):
+            try:
+                paths = pool.logs(ids[0])
+            except NotFoundError:
+                paths = None
+        local = read_tail(paths[0] if stream == "stdout" else paths[1], tail_bytes) if paths else None
+        if local is not None:
+            return PlainTextResponse(local[0].decode("utf-8", "replace"), headers=_log_headers("local"))
+    if stored is None:
+        if row.state not in {s.value for s in TERMINAL_STATES}:
+            return _json_response(
+                {"detail": f"the logs of job {job_id} ({row.state}) are on the replica that runs it, which has "
+                           "not stored a tail yet. To fix: ask again in a few seconds"},
+                503, {"Retry-After": "2"})
+        raise NotFoundError(f"no log of job {job_id}'s run is kept: its on-prem run ended on another replica "
+                            "without storing a tail (or its data directory is gone)")
+    return PlainTextResponse(stored.data[-tail_bytes:].decode("utf-8", "replace"), headers=_log_headers(
+        "stored", stored_at=stored.stored_at.isoformat(), size=stored.size_bytes, ended=str(stored.ended).lower()))
 
 
 # ------------------------------------------------------------------------------------------ queues
@@ -826,7 +896,7 @@ def _preview_sync(hb: Any, principal: Principal, body: bytes, content_type: str)
         raise SpecError("", "a preview takes one job spec (a mapping), not a list")
     now = hb.clock.now()
     spec = parse_job_spec(payload, now=now)
-    result = hb.place(spec.request, now=now)
+    result = hb.place(spec.request, now=now, extra_offers=hb.visible_offers(principal.namespace))
     try:
         from broker import decisions
 
@@ -842,7 +912,7 @@ def _preview_sync(hb: Any, principal: Principal, body: bytes, content_type: str)
 
 @router.get("/v1/catalog/offers", tags=["placement"], response_model=None, responses=documented(OffersOut))
 def catalog_offers(
-    _principal: Annotated[Principal, Depends(current_principal)],
+    principal: Annotated[Principal, Depends(current_principal)],
     hb: Annotated[Any, Depends(get_state)],
     provider: Annotated[str | None, Query(max_length=32)] = None,
     region: Annotated[str | None, Query(max_length=64)] = None,
@@ -853,7 +923,8 @@ def catalog_offers(
     offset: Annotated[int, Query(ge=0, le=100_000)] = 0,
 ) -> dict[str, Any]:
     """Offers of the catalog (and the on-prem pool), cheapest first, filtered; ``limit``/``offset`` pages."""
-    offers, total = hb.offers_matching(provider, region, min_vcpus, min_memory_gib, min_gpus, offset + limit)
+    offers, total = hb.offers_matching(provider, region, min_vcpus, min_memory_gib, min_gpus, offset + limit,
+                                       namespace=principal.namespace)  # a namespace token: its own devices only
     page = offers[offset : offset + limit]
     return {
         "catalog_version": hb.catalog_version,

@@ -224,6 +224,7 @@ class JobDetailOut(JobOut):
     started_at: str | None = None
     finished_at: str | None = None
     not_before: str | None = None
+    cancel_requested_at: str | None = None  # a cancel waits for the replica that runs the job (202)
     attempts: list[dict[str, Any]]
     events: list[dict[str, Any]]
 

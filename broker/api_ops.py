@@ -1,6 +1,9 @@
 """Fleet operations over HTTP (``/v1/ops/...``): alert rules and alerts, metric history, host heartbeats,
-pools and recommendations. Reads need any valid token; changes need the admin token. A bad document
-(rules YAML, samples, pool spec) is a 422 naming the field, and nothing is stored.
+pools and recommendations. Changes, alert rules and heartbeats (the fleet's configuration, hosts and devices of
+every namespace) need the admin token. A namespace token reads only what is labelled with its own namespace:
+metric series with ``namespace=<its namespace>``, alerts whose labels name it, its pools and recommendations
+(issue 17: nothing names another namespace). A bad document (rules YAML, samples, pool spec) is a 422 naming
+the field, and nothing is stored.
 """
 
 from __future__ import annotations
@@ -67,8 +70,8 @@ async def put_alert_rules(name: str, request: Request, _: Annotated[Principal, D
     return {"name": name, "rules": n}
 
 
-@router.get("/v1/ops/alert-rules", summary="The stored rules documents")
-def list_alert_rules(_: Annotated[Principal, Depends(current_principal)],
+@router.get("/v1/ops/alert-rules", summary="The stored rules documents (admin)")
+def list_alert_rules(_: Annotated[Principal, Depends(require_admin)],
                      hb: Annotated[Any, Depends(get_state)]) -> dict[str, Any]:
     import sqlalchemy as sa
 
@@ -90,11 +93,15 @@ def delete_alert_rules(name: str, _: Annotated[Principal, Depends(require_admin)
 
 
 @router.get("/v1/ops/alerts", summary="Alerts (pending, firing, resolved) with their group and root cause")
-def get_alerts(_: Annotated[Principal, Depends(current_principal)], hb: Annotated[Any, Depends(get_state)],
+def get_alerts(principal: Annotated[Principal, Depends(current_principal)], hb: Annotated[Any, Depends(get_state)],
                state: Annotated[str | None, Query(pattern="^(pending|firing|resolved)$")] = None,
                limit: Annotated[int, Query(ge=1, le=5000)] = 500) -> dict[str, Any]:
+    """Alerts, newest first; a namespace token gets only those whose labels name its namespace."""
     with hb.store.read() as session:
-        return {"items": alerts_mod.list_alerts(session, state=state, limit=limit)}
+        items = alerts_mod.list_alerts(session, state=state, limit=limit)
+    if not principal.is_admin:
+        items = [a for a in items if a["labels"].get("namespace") == principal.namespace]
+    return {"items": items}
 
 
 @router.post("/v1/ops/alerts/evaluate", summary="Evaluate the rules now and deliver what is due")
@@ -144,7 +151,7 @@ def metric_names(_: Annotated[Principal, Depends(current_principal)],
 
 
 @router.get("/v1/ops/metrics/{name}", summary="History of one metric: every matching series")
-def metric_history(name: str, _: Annotated[Principal, Depends(current_principal)],
+def metric_history(name: str, principal: Annotated[Principal, Depends(current_principal)],
                    hb: Annotated[Any, Depends(get_state)],
                    since: Annotated[str, Query(max_length=64)] = "24h",
                    until: Annotated[str | None, Query(max_length=64)] = None,
@@ -158,6 +165,10 @@ def metric_history(name: str, _: Annotated[Principal, Depends(current_principal)
             raise HTTPException(status_code=422, detail=f"match: {m!r} is not label=value")
         k, v = m.split("=", 1)
         selector[k] = v
+    if not principal.is_admin:  # only the series of its own namespace
+        if selector.setdefault("namespace", str(principal.namespace)) != principal.namespace:
+            raise HTTPException(status_code=404, detail=f"namespace {selector['namespace']!r} not found. To fix: "
+                                                        "ask for your own namespace or omit it")
     since_at, until_at = _window(since, until, hb.clock.now())
     with hb.store.read() as session:
         series = read_series(session, name, selector=selector, since=since_at, until=until_at)
@@ -182,8 +193,8 @@ def post_heartbeat(kind: str, name: str, _: Annotated[Principal, Depends(require
         raise _bad(exc) from None
 
 
-@router.get("/v1/ops/heartbeats", summary="Hosts and their last heartbeat, status and fencing epoch")
-def get_heartbeats(_: Annotated[Principal, Depends(current_principal)],
+@router.get("/v1/ops/heartbeats", summary="Hosts and their last heartbeat, status and fencing epoch (admin)")
+def get_heartbeats(_: Annotated[Principal, Depends(require_admin)],
                    hb: Annotated[Any, Depends(get_state)]) -> dict[str, Any]:
     from broker.ops.health import list_heartbeats
 
@@ -223,12 +234,14 @@ async def put_pool(name: str, request: Request, _: Annotated[Principal, Depends(
 
 
 @router.get("/v1/ops/pools", summary="Broker-owned pools, their instances and last scaling decision")
-def get_pools(_: Annotated[Principal, Depends(current_principal)],
+def get_pools(principal: Annotated[Principal, Depends(current_principal)],
               hb: Annotated[Any, Depends(get_state)]) -> dict[str, Any]:
+    """Pools, each with its instances and last decision; a namespace token gets only its namespace's."""
     from broker.ops.autoscale import list_pools
 
     with hb.store.read() as session:
-        return {"items": list_pools(session)}
+        items = list_pools(session)
+    return {"items": [p for p in items if principal.is_admin or p["namespace"] == principal.namespace]}
 
 
 @router.get("/v1/ops/recommendations", summary="VPA requests from measured usage, idle pools, spot candidates")

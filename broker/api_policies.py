@@ -13,6 +13,10 @@ GET      ``/v1/reservations``                         admin: the reservations
 GET      ``/v1/namespaces/{ns}/quotas``               the namespace's quotas, each key with ``used``/``hard``
 GET      ``/v1/namespaces/{ns}/budget``               the namespace's budgets, burn today and this month, and
                                                       the projected month-end spend
+GET      ``/v1/namespaces/{ns}/priorityclasses``      the classes the namespace's tokens may name, and its
+                                                      allow-list (``null``: the default rule)
+PUT      ``/v1/namespaces/{ns}/priorityclasses``      admin: set the allow-list ``{"priorityClassNames": [...]}``
+DELETE   ``/v1/namespaces/{ns}/priorityclasses``      admin: remove it (back to the default rule)
 =======  ===========================================  =======================================================
 
 Errors: 422 with the field path for an invalid document (``items[1].spec.hard.requests.cpu``), 409 when a
@@ -26,12 +30,14 @@ from collections.abc import Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
+from pydantic import BaseModel, Field
 from sqlmodel import Session
 
 from broker import policy_store as ps
 from broker.api_deps import current_principal, get_clock, get_session, require_admin, require_namespace
 from broker.clock import Clock
 from broker.errors import NotFoundError, SpecError
+from policies import priority as priority_mod
 from policies.quota import quota_status
 
 __all__ = ["router"]
@@ -148,3 +154,57 @@ def namespace_budget(ns: Annotated[str, Depends(require_namespace)],
     budgets = ps.list_budgets(session, ns)
     burn = ps.budget_burn(session, ns, clock.now())
     return {"namespace": ns, "budgets": [_budget_dict(b) for b in budgets], "burn": burn.to_dict()}
+
+
+class AllowedClassesIn(BaseModel):
+    """The PriorityClasses a namespace's tokens may name (the global default class is always usable)."""
+
+    priorityClassNames: list[str] = Field(max_length=1000)  # noqa: N815
+
+
+def _usable(session: Session, ns: str) -> dict[str, Any]:
+    classes = ps.list_priority_classes(session)
+    allow = ps.allowed_priority_classes(session, [ns]).get(ns)
+    usable = priority_mod.usable_classes(allow, classes)
+    return {
+        "namespace": ns,
+        "allowList": None if allow is None else list(allow),
+        "defaultValue": priority_mod.default_value(classes),
+        "usable": [{"name": c.name, "value": c.value, "preemptionPolicy": c.preemption_policy}
+                   for c in sorted(classes.values(), key=lambda c: (-c.value, c.name)) if c.name in usable],
+    }
+
+
+@router.get("/v1/namespaces/{ns}/priorityclasses")
+def namespace_priority_classes(ns: Annotated[str, Depends(require_namespace)],
+                               session: Annotated[Session, Depends(get_session)]) -> dict[str, Any]:
+    """The PriorityClasses tokens of ``ns`` may name (``usable``) and the namespace's ``allowList`` (``null``: none
+    set, so only classes at or below the default priority ``defaultValue``)."""
+    return _usable(session, ns)
+
+
+@router.put("/v1/namespaces/{ns}/priorityclasses")
+def put_namespace_priority_classes(
+    body: AllowedClassesIn,
+    ns: Annotated[str, Depends(require_namespace)],
+    session: Annotated[Session, Depends(get_session)],
+    clock: Annotated[Clock, Depends(get_clock)],
+    _admin: Annotated[Any, Depends(require_admin)],
+) -> dict[str, Any]:
+    """Set the allow-list of ``ns`` (admin): its tokens may name these classes and the global default."""
+    names = priority_mod.check_class_names(body.priorityClassNames, "priorityClassNames")
+    ps.set_allowed_priority_classes(session, ns, names, now=clock.now())
+    session.commit()
+    return _usable(session, ns)
+
+
+@router.delete("/v1/namespaces/{ns}/priorityclasses")
+def delete_namespace_priority_classes(
+    ns: Annotated[str, Depends(require_namespace)],
+    session: Annotated[Session, Depends(get_session)],
+    _admin: Annotated[Any, Depends(require_admin)],
+) -> dict[str, Any]:
+    """Remove the allow-list of ``ns`` (admin; idempotent): back to the classes at or below the default."""
+    ps.set_allowed_priority_classes(session, ns, None)
+    session.commit()
+    return _usable(session, ns)

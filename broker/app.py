@@ -30,6 +30,7 @@ from broker.errors import (
     AuthError,
     BrokerError,
     ConflictError,
+    ForbiddenError,
     InvalidRequestError,
     NotFoundError,
     SpecError,
@@ -177,6 +178,16 @@ class AppState:
             out.extend(source())
         return out
 
+    def visible_offers(self, namespace: str | None) -> list[Offer]:
+        """:meth:`extra_offers` a caller of ``namespace`` may see (``None``: the admin, all): edge devices of other
+        namespaces are left out, as the scheduler leaves them out of a job's placement (issue 17)."""
+        offers = self.extra_offers()
+        if namespace is None or self.edge is None:
+            return offers
+        fleet = self.edge.fleet
+        return [o for o in offers
+                if o.location.provider != "edge" or fleet.namespace_of(o.location.region) == namespace]
+
     def egress_model(self) -> Any:
         """The egress model with the sites of :attr:`site_sources` (edge devices) merged in; rebuilt only
         when those sites change, so its route cache survives between placements."""
@@ -224,10 +235,11 @@ class AppState:
 
     def offers_matching(
         self, provider: str | None, region: str | None, min_vcpus: float, min_memory_gib: float, min_gpus: int,
-        limit: int,
+        limit: int, namespace: str | None = None,
     ) -> tuple[list[Offer], int]:
         """Offers with at least these resources, cheapest first (at most ``limit`` + the extra offers),
-        and how many matched in all."""
+        and how many matched in all; ``namespace``: only the edge devices of that namespace
+        (:meth:`visible_offers`)."""
         offers: list[Offer] = []
         total = 0
         if self.catalog is not None:
@@ -238,7 +250,7 @@ class AppState:
             total = len(idx)
             order = idx[self.catalog.hourly_usd[idx].argsort(kind="stable")]
             offers = self.catalog.offers(order[:limit])
-        for o in self.extra_offers():
+        for o in self.visible_offers(namespace):
             it = o.instance_type
             if (
                 (provider is None or o.location.provider == provider)
@@ -365,6 +377,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(SpecError)
     async def _spec(_: Request, exc: SpecError) -> JSONResponse:
         return _error(422, str(exc), exc.field)
+
+    @app.exception_handler(ForbiddenError)
+    async def _forbidden(_: Request, exc: ForbiddenError) -> JSONResponse:
+        return _error(403, str(exc), exc.field)
 
     @app.exception_handler(NotFoundError)
     async def _nf(_: Request, exc: NotFoundError) -> JSONResponse:

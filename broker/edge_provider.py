@@ -184,6 +184,11 @@ class EdgeFleet:
             self._view = view
         return list(offers)
 
+    def namespace_of(self, device_id: str) -> str | None:
+        """The namespace of ``device_id`` as of the last :meth:`refresh` (``None``: unknown)."""
+        dev = self._view.devices.get(device_id)
+        return None if dev is None else dev.namespace
+
     def reserve(self, device_id: str, vcpus: float, memory_gib: float) -> None:
         """Count a job just placed on ``device_id`` as holding its slots until the next :meth:`refresh` (the
         scheduler calls it per decision, so one cycle does not place more on a device than it has)."""

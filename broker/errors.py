@@ -2,6 +2,7 @@
 
     BrokerError
     ├── SpecError                  a job spec, quota or config document is invalid (names the field)
+    │   └── ForbiddenError         valid, but the caller may not ask for it (HTTP 403; names the field)
     ├── CatalogError               a price catalog could not be read or is unusable
     ├── NotFoundError              a namespace, job, device... does not exist
     ├── ConflictError              the operation is not allowed in the current state
@@ -21,6 +22,7 @@ from __future__ import annotations
 __all__ = [
     "BrokerError",
     "SpecError",
+    "ForbiddenError",
     "CatalogError",
     "NotFoundError",
     "ConflictError",
@@ -44,6 +46,10 @@ class SpecError(BrokerError):
         self.field = field
         self.message = message
         super().__init__(f"{field}: {message}" if field else message)
+
+
+class ForbiddenError(SpecError):
+    """A valid value the caller is not allowed to use (a PriorityClass its namespace may not name): HTTP 403."""
 
 
 class CatalogError(BrokerError):

@@ -23,8 +23,10 @@ Several ``broker serve`` replicas may share one PostgreSQL; only one of them may
   leader may still be finishing alone for :data:`TAKEOVER_GRACE_SECONDS` before requeueing them.
 
 On SQLite the store is one file of one process: that process always leads (epoch 0, fencing is a no-op).
-Replicas sharing on-prem work must share the data directory (one machine); a replica on another machine
-cannot see, adopt or stop another machine's local runs.
+Replicas sharing on-prem work must share the data directory (one machine) to adopt each other's runs; a
+replica on another machine cannot see or adopt another machine's local runs, but a cancel or a logs request
+through it works: it records the cancel for the replica that runs the job and serves the log tail that replica
+stored (:mod:`broker.job_logs`).
 """
 
 from __future__ import annotations

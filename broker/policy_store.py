@@ -37,6 +37,7 @@ from policies.workload import GPU, Resources, Workload, parse_cpu, parse_memory_
 __all__ = [
     "QuotaRecord",
     "PriorityClassRecord",
+    "AllowedPriorityClassesRecord",
     "BudgetRecord",
     "ReservationRecord",
     "SpendRecord",
@@ -47,6 +48,8 @@ __all__ = [
     "delete_document",
     "list_quotas",
     "list_priority_classes",
+    "allowed_priority_classes",
+    "set_allowed_priority_classes",
     "list_budgets",
     "list_reservations",
     "record_spend",
@@ -59,7 +62,7 @@ __all__ = [
     "PolicyAdmission",
 ]
 
-KINDS = ("ResourceQuota", "PriorityClass", "Budget", "Reservation")
+KINDS = ("ResourceQuota", "PriorityClass", "Budget", "Reservation", priority_mod.ALLOWED_KIND)
 _ACTIVE = ("PLACED", "PROVISIONING", "RUNNING")
 
 
@@ -83,6 +86,16 @@ class PriorityClassRecord(SQLModel, table=True):
     preemption_policy: str = Field(sa_column=sa.Column(sa.String(32), nullable=False))
     global_default: bool = Field(default=False, sa_column=sa.Column(sa.Boolean, nullable=False))
     description: str = Field(default="", sa_column=sa.Column(sa.Text, nullable=False))
+    updated_at: datetime = utc_column()
+
+
+class AllowedPriorityClassesRecord(SQLModel, table=True):
+    """The PriorityClasses the tokens of ``namespace`` may name (``names``, a JSON list); no row: the default
+    of :func:`policies.priority.usable_classes` (classes at or below the default priority)."""
+
+    __tablename__ = "policy_allowed_priority_classes"
+    namespace: str = Field(sa_column=sa.Column(sa.String(63), primary_key=True))
+    names: list[str] = Field(default_factory=list, sa_column=sa.Column(sa.JSON, nullable=False))
     updated_at: datetime = utc_column()
 
 
@@ -199,6 +212,14 @@ def apply_document(
             "name": pc.name, "value": pc.value, "preemption_policy": pc.preemption_policy,
             "global_default": pc.global_default, "description": pc.description, "updated_at": now})
         return Applied(kind, pc.name, None, action)
+    if kind == priority_mod.ALLOWED_KIND:
+        ns, names = priority_mod.parse_allowed_classes(doc, namespace=namespace)
+        from broker.tenants import namespace_exists
+
+        if not namespace_exists(session, ns):
+            raise SpecError("metadata.namespace", f"namespace {ns!r} does not exist. To fix: broker namespaces "
+                            f"create {ns}, or correct the name")
+        return Applied(kind, ns, ns, set_allowed_priority_classes(session, ns, names, now=now))
     if kind == "Budget":
         b = budget_mod.parse_budget(doc, namespace=namespace)
         action = _upsert(session, BudgetRecord, (b.namespace, b.name), {
@@ -233,10 +254,13 @@ def apply_documents(
 def delete_document(session: Session, kind: str, name: str, namespace: str | None = None) -> bool:
     """Delete one policy document; False when it did not exist."""
     model: dict[str, type[SQLModel]] = {"ResourceQuota": QuotaRecord, "PriorityClass": PriorityClassRecord,
-                                        "Budget": BudgetRecord, "Reservation": ReservationRecord}
+                                        "Budget": BudgetRecord, "Reservation": ReservationRecord,
+                                        priority_mod.ALLOWED_KIND: AllowedPriorityClassesRecord}
     if kind not in model:
         raise SpecError("kind", f"{kind!r} is not a policy kind. To fix: use one of {', '.join(KINDS)}")
     key: Any = (namespace, name) if kind in ("ResourceQuota", "Budget") else name
+    if kind == priority_mod.ALLOWED_KIND:  # one per namespace: the name is the namespace (or its document's name)
+        key = namespace or name
     row = session.get(model[kind], key)
     if row is None:
         return False
@@ -255,6 +279,31 @@ def list_quotas(session: Session, namespace: str | None = None) -> list[Resource
 def list_priority_classes(session: Session) -> dict[str, PriorityClass]:
     return {r.name: PriorityClass(r.name, r.value, r.preemption_policy, r.global_default, r.description)
             for r in session.exec(select(PriorityClassRecord)).all()}
+
+
+def allowed_priority_classes(session: Session, namespaces: Iterable[str] | None = None) -> dict[str, tuple[str, ...]]:
+    """The allow-list of each namespace that has one (all, or those of ``namespaces``); a namespace missing
+    from the answer has none (the default rule of :func:`policies.priority.usable_classes`)."""
+    t = AllowedPriorityClassesRecord.__table__  # type: ignore[attr-defined]
+    stmt = sa.select(t.c.namespace, t.c.names)
+    if namespaces is not None:
+        stmt = stmt.where(t.c.namespace.in_(sorted(set(namespaces))))
+    return {r.namespace: tuple(r.names or ()) for r in session.execute(stmt)}
+
+
+def set_allowed_priority_classes(
+    session: Session, namespace: str, names: Iterable[str] | None, *, now: datetime | None = None
+) -> str:
+    """Set (``names``) or remove (``None``: back to the default rule) the allow-list of ``namespace`` (no
+    commit). Returns ``created``, ``configured``, ``unchanged`` or ``deleted``."""
+    row = session.get(AllowedPriorityClassesRecord, namespace)
+    if names is None:
+        if row is None:
+            return "unchanged"
+        session.delete(row)
+        return "deleted"
+    return _upsert(session, AllowedPriorityClassesRecord, (namespace,), {
+        "namespace": namespace, "names": sorted(set(names)), "updated_at": now or datetime.now(UTC)})
 
 
 def list_budgets(session: Session, namespace: str | None = None) -> list[Budget]:

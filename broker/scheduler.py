@@ -3,6 +3,9 @@
 One cycle (:meth:`Scheduler.run_cycle`) reads as numbered steps, each timed (``hb_scheduler_cycle_seconds``)
 and logged at DEBUG:
 
+0. **cancels**: cancels requested through a replica that could not stop the run (an on-prem run of another
+   machine) are carried out: the run is stopped, its final log tails stored, then the job is CANCELLED
+   (:func:`broker.job_logs.carry_out_cancels`; other replicas carry out those of the on-prem runs they know).
 1. **heads**: PENDING jobs whose ``not_before`` has passed, ordered by the queue disciplines of
    :mod:`broker.queues` (per namespace: fifo | priority | fair-share | edf | default, merged across
    namespaces by the cluster discipline; ``default`` is :func:`queue_key`: priority, deadline, age, id).
@@ -29,7 +32,9 @@ and logged at DEBUG:
 6. **poll**: running instances' states -> SUCCEEDED / FAILED / BACKOFF (retry) and terminate leftovers
    (edge jobs: their device task states from the store, :meth:`broker.edge_provider.EdgeRunner.sweep`);
    with the terminal transition, in its transaction: the decision record's outcome, the budget ledger's
-   actual-minus-estimate, and the namespace's fair-share usage.
+   actual-minus-estimate, and the namespace's fair-share usage. On-prem runs' log tails are stored for the
+   other replicas (:class:`broker.job_logs.LogCapture`: while running when they grew, and at the end). A job
+   whose cancel was requested is left to step 0.
 7. **requeue**: BACKOFF jobs whose delay has passed -> PENDING.
 
 The store is the truth: a restarted scheduler rebuilds everything from it, and :meth:`Scheduler.reconcile`
@@ -58,6 +63,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from broker.errors import ProviderError, SpecError
+from broker.job_logs import LogCapture, carry_out_cancels
 from broker.leader import TAKEOVER_GRACE_SECONDS, FencedOut, Leadership
 from broker.lifecycle import Transition, apply_transitions, note
 from broker.model import (
@@ -176,11 +182,13 @@ class CycleReport:
     finished: int = 0
     requeued: int = 0
     preempted: int = 0
+    cancelled: int = 0  # cancels requested through another replica, carried out here
     step_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def busy(self) -> bool:
-        return bool(self.placed or self.failed or self.finished or self.requeued or self.preempted)
+        return bool(self.placed or self.failed or self.finished or self.requeued or self.preempted
+                    or self.cancelled)
 
 
 def _default_queue_key(job: QueuedJob) -> tuple[int, float, float, str]:
@@ -339,6 +347,7 @@ class Scheduler:
         self.batch = batch or state.settings.scheduler_batch
         self.metrics = state.metrics
         self._spec_cache: SpecCache[JobSpec] = SpecCache()  # bounded; ended jobs are dropped (step 6)
+        self.log_capture = LogCapture()  # tails of on-prem runs, stored for the other replicas (step 6)
         self.leader = Leadership(self.store, LEADER_LOCK_ID)  # lock checked every cycle, fenced writes
         self._reconciled = False
         self._outage: str | None = None  # the error of the cycle that failed first in a row (logged once)
@@ -389,6 +398,8 @@ class Scheduler:
                         self.reconcile()
                     report = self.run_cycle()
                     busy = report.busy
+                else:  # cancels of on-prem runs this replica's pool runs (a former leader's, on this machine)
+                    carry_out_cancels(self.state, leader=False, capture=self.log_capture)
                 if self._outage is not None:
                     log.warning("scheduler cycles work again (after: %s)", self._outage)
                     self._outage = None
@@ -437,13 +448,16 @@ class Scheduler:
             self._spec_cache.put(job_id, spec, len(spec_json))
         return spec
 
-    def _lock_rows(self, session: Any, ids: Sequence[str], state: JobState) -> set[str]:
-        """Ids among ``ids`` still in ``state``, row-locked on PostgreSQL (``FOR UPDATE SKIP LOCKED``)."""
+    def _lock_rows(self, session: Any, ids: Sequence[str], state: JobState, *, cancelling: bool = True) -> set[str]:
+        """Ids among ``ids`` still in ``state``, row-locked on PostgreSQL (``FOR UPDATE SKIP LOCKED``); without
+        those whose cancel was requested when ``cancelling`` is False (the replica stopping them owns them)."""
         if not ids:
             return set()
         out: set[str] = set()
         for start in range(0, len(ids), 900):
             stmt = sa.select(_jobs.c.id).where(_jobs.c.id.in_(ids[start : start + 900]), _jobs.c.state == state.value)
+            if not cancelling:
+                stmt = stmt.where(_jobs.c.cancel_requested_at.is_(None))
             if self.store.is_postgres:
                 stmt = stmt.with_for_update(skip_locked=True)
             out.update(session.execute(stmt).scalars())
@@ -471,6 +485,11 @@ class Scheduler:
             now = self.clock.now()
             self._placements, self._alerts, self._preempted = {}, [], 0
             self._gang_plans, self._notes, self._lb_running, self._lb_runtimes = {}, {}, None, {}
+
+            t0 = time.perf_counter()  # 0: cancels requested through replicas that could not stop the run
+            report.cancelled = carry_out_cancels(self.state, leader=True, capture=self.log_capture,
+                                                 fence=self.leader.fence)
+            self._timed(report, "0-cancels", t0)
 
             t0 = time.perf_counter()
             heads, failed_parse = self._heads(now)
@@ -1226,7 +1245,7 @@ class Scheduler:
                                ) -> list[Transition]:
         """RUNNING -> PENDING for each stopped victim, with its partial run charged to the budget ledger
         and to its namespace's fair-share usage (its estimate goes: it is placed and priced anew)."""
-        live = self._lock_rows(session, [v["row"].id for v in preempted], JobState.RUNNING)
+        live = self._lock_rows(session, [v["row"].id for v in preempted], JobState.RUNNING, cancelling=False)
         out: list[Transition] = []
         ended: list[tuple[Any, float]] = []
         for v in preempted:
@@ -1366,10 +1385,11 @@ class Scheduler:
                 sa.select(_jobs.c.id, _jobs.c.provider, _jobs.c.instances_json, _jobs.c.retries,
                           _jobs.c.spec_json, _jobs.c.created_at, _jobs.c.started_at, _jobs.c.namespace,
                           _jobs.c.placement_json, _jobs.c.vcpus, _jobs.c.memory_gib, _jobs.c.gpus, _jobs.c.dry_run)
-                .where(_jobs.c.state == JobState.RUNNING.value)
+                .where(_jobs.c.state == JobState.RUNNING.value, _jobs.c.cancel_requested_at.is_(None))
             ))
         if self.edge is not None:
             running = [r for r in running if r.provider != "edge"]
+        self.log_capture.retain(r.id for r in running if r.provider == "onprem")  # bounded: running jobs only
         if not running:
             return edge_done
         by_provider: dict[str, dict[str, Instance]] = {}
@@ -1384,6 +1404,9 @@ class Scheduler:
                 log.warning("polling %s failed: %s", name, exc)
         transitions: list[Transition] = []
         to_terminate: list[tuple[str, list[str], str]] = []
+        pool = self.state.providers.get("onprem")
+        tails_due: list[tuple[str, str]] = []  # running on-prem runs whose log tails are due to be stored
+        tails_final: dict[str, str] = {}  # ended on-prem runs: their final tails
         outcomes: list[tuple[str, float]] = []
         charges: dict[str, tuple[Any, float, float]] = {}  # job -> (row, runtime hours, estimate counted)
         for r in running:
@@ -1424,6 +1447,11 @@ class Scheduler:
             elif missing and (now - started).total_seconds() > LOST_INSTANCE_GRACE_SECONDS:
                 t = self._failure(r.id, retry, r.retries, JobState.RUNNING,
                                   f"{missing} instance(s) no longer known to {r.provider}", retryable=True, now=now)
+            if r.provider == "onprem" and ids and not missing:
+                if t is not None:
+                    tails_final[r.id] = ids[0]
+                elif self.log_capture.due(pool, r.id, ids[0]):
+                    tails_due.append((r.id, ids[0]))
             if t is not None:
                 transitions.append(t)
                 # every known instance: a cloud VM that stopped (GCE, Azure) still bills its disk until deleted
@@ -1436,12 +1464,19 @@ class Scheduler:
                     charges[r.id] = (r, hours, _estimate_usd(r.placement_json))
                 else:  # BACKOFF: placed and priced anew later, so this run is charged in full
                     charges[r.id] = (r, hours, 0.0)
+        if tails_due:  # other replicas serve these runs' logs from the store (broker.job_logs)
+            with self._tx() as session:
+                for job_id, iid in tails_due:
+                    self.log_capture.capture(session, pool, job_id, iid, now=now, ended=False)
         if not transitions:
             return edge_done
         with self._tx() as session:
-            live = self._lock_rows(session, [t.job_id for t in transitions], JobState.RUNNING)
+            live = self._lock_rows(session, [t.job_id for t in transitions], JobState.RUNNING, cancelling=False)
             transitions = [t for t in transitions if t.job_id in live]
             apply_transitions(session, transitions, now=now)
+            for job_id, iid in tails_final.items():
+                if job_id in live:
+                    self.log_capture.capture(session, pool, job_id, iid, now=now, ended=True)
             try:
                 from broker.decisions import record_outcome
 

@@ -40,6 +40,7 @@ __all__ = [
     "TokenRow",
     "JobRow",
     "JobLabelRow",
+    "JobLogTailRow",
     "JobEventRow",
     "AttemptRow",
     "IdempotencyRow",
@@ -140,6 +141,25 @@ class JobRow(SQLModel, table=True):
     held_reason: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
     message: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
     exit_code: int | None = Field(default=None, sa_column=sa.Column(sa.Integer))
+    # a cancel asked through a replica that cannot stop the run itself; the replica that can carries it out
+    cancel_requested_at: datetime | None = utc_column(nullable=True)
+
+
+class JobLogTailRow(SQLModel, table=True):
+    """The last bytes of one stream (``stdout``/``stderr``) of a job's current on-prem run, stored by the replica
+    that runs it (while it runs, and when it ends) so every replica can serve the job's logs.
+    ``size_bytes`` is the stream's whole size when stored; ``ended`` says the run had ended."""
+
+    __tablename__ = "job_log_tails"
+    job_id: str = Field(
+        sa_column=sa.Column(sa.String(40), sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    )
+    stream: str = Field(sa_column=sa.Column(sa.String(8), primary_key=True))
+    instance_id: str = Field(sa_column=sa.Column(sa.String(200), nullable=False))
+    data: bytes = Field(sa_column=sa.Column(sa.LargeBinary, nullable=False))
+    size_bytes: int = Field(default=0, sa_column=sa.Column(sa.BigInteger, nullable=False, default=0))
+    ended: bool = Field(default=False, sa_column=sa.Column(sa.Boolean, nullable=False, default=False))
+    stored_at: datetime = utc_column()
 
 
 class JobLabelRow(SQLModel, table=True):

@@ -14,6 +14,20 @@ A job names its class with ``priorityClassName``. As in Kubernetes: an unknown n
 job is held with ``PriorityClassNotFound``), a job without a name gets the ``globalDefault`` class's value
 (0 when there is none), at most one class may be the global default, and user values are at most
 1,000,000,000.
+
+Who may name which class (issue 17): an admin sets, per namespace, the classes its tokens may use
+(``AllowedPriorityClasses``)::
+
+    apiVersion: hybrid-broker/v1
+    kind: AllowedPriorityClasses
+    metadata: {name: allowed, namespace: team-a}
+    spec: {priorityClassNames: [high, batch]}
+
+:func:`usable_classes` is the rule: with a list, its classes plus the global default; without one, only the
+classes that cannot outrank the default priority (value at most the ``globalDefault`` class's value, 0 when
+there is none). So no tenant gets above the default, and so preempts another tenant's default work, unless an
+admin granted it, as Kubernetes does with a ``ResourceQuota`` scoped to a PriorityClass and the API server's
+``limitedResources`` setting.
 """
 
 from __future__ import annotations
@@ -34,12 +48,22 @@ __all__ = [
     "parse_priority_class",
     "resolve",
     "check_single_global_default",
+    "ALLOWED_KIND",
+    "REASON_NOT_ALLOWED",
+    "parse_allowed_classes",
+    "check_class_names",
+    "default_value",
+    "usable_classes",
+    "check_usable",
 ]
 
 PREEMPT_LOWER_PRIORITY = "PreemptLowerPriority"
 NEVER = "Never"
 MAX_USER_PRIORITY = 1_000_000_000
 REASON_NOT_FOUND = "PriorityClassNotFound"
+REASON_NOT_ALLOWED = "PriorityClassNotAllowed"
+ALLOWED_KIND = "AllowedPriorityClasses"
+_NAME_MAX = 253
 _KINDS_API = ("scheduling.k8s.io/v1", "hybrid-broker/v1")
 
 
@@ -124,3 +148,71 @@ def resolve(
         if pc.global_default:
             return ResolvedPriority(pc.value, pc.preemption_policy, pc.name)
     return ResolvedPriority(0)
+
+
+def parse_allowed_classes(doc: Mapping[str, Any], *, namespace: str | None = None) -> tuple[str, tuple[str, ...]]:
+    """Validate an ``AllowedPriorityClasses`` document: ``(namespace, class names)`` (sorted, unique).
+
+    ``namespace`` fills a missing ``metadata.namespace``. The names need not exist yet (a class may be applied
+    later, as a Kubernetes quota may name a class before it exists). Raises :class:`SpecError` with the field."""
+    if doc.get("kind") != ALLOWED_KIND:
+        raise SpecError("kind", f"expected {ALLOWED_KIND}, got {doc.get('kind')!r}")
+    api = doc.get("apiVersion", "hybrid-broker/v1")
+    if api != "hybrid-broker/v1":
+        raise SpecError("apiVersion", f"{api!r} is not supported. To fix: use hybrid-broker/v1")
+    meta = doc.get("metadata") or {}
+    if not isinstance(meta, Mapping):
+        raise SpecError("metadata", "expected a mapping with namespace")
+    ns = meta.get("namespace", namespace)
+    if not isinstance(ns, str) or not ns:
+        raise SpecError("metadata.namespace", "the namespace whose tokens may use these classes, e.g. team-a")
+    spec = doc.get("spec")
+    names = spec.get("priorityClassNames") if isinstance(spec, Mapping) else None
+    if not isinstance(names, list):
+        raise SpecError("spec.priorityClassNames", "expected a list of PriorityClass names ([] allows none "
+                        "beyond the global default)")
+    return ns, check_class_names(names, "spec.priorityClassNames")
+
+
+def check_class_names(names: Any, field: str) -> tuple[str, ...]:
+    """``names`` as a sorted tuple of unique class names; :class:`SpecError` on ``field`` when one is not a
+    non-empty string of at most 253 characters, or when there are more than 1000."""
+    if not isinstance(names, list | tuple) or len(names) > 1000:
+        raise SpecError(field, "expected a list of at most 1000 PriorityClass names")
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or not name or len(name) > _NAME_MAX or "\x00" in name:
+            raise SpecError(f"{field}[{i}]", f"{name!r} is not a PriorityClass name")
+    return tuple(sorted(set(names)))
+
+
+def default_value(classes: Mapping[str, PriorityClass]) -> int:
+    """The priority a job without a class gets: the ``globalDefault`` class's value, else 0."""
+    return next((c.value for c in classes.values() if c.global_default), 0)
+
+
+def usable_classes(allowed: Iterable[str] | None, classes: Mapping[str, PriorityClass]) -> set[str]:
+    """Names of the existing classes a namespace token may name (see the module docstring): ``allowed`` (the
+    namespace's list, ``None`` when the admin set none) plus the global default; without a list, every class
+    whose value is at most :func:`default_value`."""
+    if allowed is None:
+        ceiling = default_value(classes)
+        return {c.name for c in classes.values() if c.value <= ceiling}
+    return {n for n in allowed if n in classes} | {c.name for c in classes.values() if c.global_default}
+
+
+def check_usable(
+    class_name: str, namespace: str, allowed: Iterable[str] | None, classes: Mapping[str, PriorityClass]
+) -> str | None:
+    """``None`` when a token of ``namespace`` may name ``class_name``, else the reason (``PriorityClassNotAllowed:
+    ...``). An unknown class is left to :func:`resolve` (``PriorityClassNotFound``)."""
+    if class_name not in classes:
+        return None
+    usable = usable_classes(allowed, classes)
+    if class_name in usable:
+        return None
+    which = ", ".join(sorted(usable)) or "none"
+    why = ("no allow-list is set, so only classes at or below the default priority "
+           f"({default_value(classes)}) are usable" if allowed is None else "it is not on the namespace's allow-list")
+    return (f"{REASON_NOT_ALLOWED}: namespace {namespace!r} may not use priorityClassName {class_name!r} "
+            f"({why}; usable: {which}). To fix: ask an admin to allow it "
+            f"(broker policies allow {namespace} {class_name}), or use one of the usable classes")

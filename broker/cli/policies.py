@@ -5,6 +5,9 @@
   are checked locally first, so a mistake names the file and the field.
 * ``broker policies priorityclasses``, ``broker policies quotas [NS]``, ``broker policies budget NS``
   show what is in force, quota usage, and budget burn with the projected month-end spend.
+* ``broker policies allow NS [CLASS ...] [--none | --reset]`` sets (admin) which PriorityClasses the tokens of
+  ``NS`` may name; without classes or flags it shows them (``AllowedPriorityClasses`` documents do the same
+  through ``broker apply``).
 
 Talks to ``BROKER_URL`` with ``BROKER_TOKEN`` (see :mod:`broker.client`). Errors: one line on stderr,
 exit 2 for an invalid document, 1 otherwise.
@@ -23,20 +26,21 @@ from broker.errors import SpecError
 
 __all__ = ["register", "read_policy_files"]
 
-_KINDS = ("ResourceQuota", "PriorityClass", "Budget", "Reservation")
+_KINDS = ("ResourceQuota", "PriorityClass", "Budget", "Reservation", "AllowedPriorityClasses")
 
 
 def read_policy_files(paths: list[Path]) -> list[dict[str, Any]]:
     """Every document of ``paths``, validated locally. Raises :class:`SpecError` naming file and field."""
     from broker.spec import load_documents
     from policies.budget import parse_budget
-    from policies.priority import parse_priority_class
+    from policies.priority import parse_allowed_classes, parse_priority_class
     from policies.quota import parse_resource_quota
 
     checks: dict[str, Callable[[dict[str, Any]], object]] = {
         "ResourceQuota": parse_resource_quota,
         "PriorityClass": parse_priority_class,
         "Budget": parse_budget,
+        "AllowedPriorityClasses": parse_allowed_classes,
     }
     docs: list[dict[str, Any]] = []
     for path in paths:
@@ -139,3 +143,28 @@ def register(app: typer.Typer) -> None:
         lines += [f"today ${b['today_usd']:.2f}  month ${b['month_usd']:.2f}  "
                   f"rate ${b['daily_rate_usd']:.2f}/day  projected ${b['projected_month_usd']:.2f}"]
         _print(data, as_json, lines)
+
+    @group.command("allow")
+    def allow(
+        namespace: Annotated[str, typer.Argument(help="the namespace")],
+        classes: Annotated[list[str] | None, typer.Argument(help="PriorityClass names its tokens may use")] = None,
+        none: Annotated[bool, typer.Option("--none", help="allow no class beyond the global default")] = False,
+        reset: Annotated[bool, typer.Option("--reset", help="remove the list: classes at or below the default")]
+        = False,
+        as_json: Annotated[bool, typer.Option("--json")] = False,
+    ) -> None:
+        """Set (admin) or show which PriorityClasses the tokens of a namespace may name."""
+        if sum((bool(classes), none, reset)) > 1:
+            raise SpecError("allow", "give classes, --none or --reset, not several")
+        path = f"/v1/namespaces/{namespace}/priorityclasses"
+        with _client() as client:
+            if reset:
+                data = client._json("DELETE", path)
+            elif classes or none:
+                data = client._json("PUT", path, json={"priorityClassNames": list(classes or [])})
+            else:
+                data = client._json("GET", path)
+        rule = ("allow-list: " + (", ".join(data["allowList"]) or "none") if data["allowList"] is not None
+                else f"no allow-list: classes at or below the default priority ({data['defaultValue']})")
+        _print(data, as_json, [f"{namespace}: {rule}"] + [
+            f"  {c['name']:<24} {c['value']:>12} {c['preemptionPolicy']}" for c in data["usable"]])

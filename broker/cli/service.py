@@ -319,7 +319,9 @@ def register(app: typer.Typer) -> None:
         """Cancel a job (terminates whatever runs for it)."""
         with _client() as client:
             job = client.cancel_job(_namespace(client, namespace), job_id)
-        typer.echo(f"{job['id']}  {job['state']}")
+        pending = job["state"] != "CANCELLED" and job.get("cancel_requested_at")
+        typer.echo(f"{job['id']}  {job['state']}"
+                   + ("  (cancel requested: the replica running it stops it; see broker jobs get)" if pending else ""))
 
     @jobs.command("logs")
     def jobs_logs(

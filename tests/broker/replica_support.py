@@ -89,10 +89,11 @@ def stop_all(replicas: list[Replica]) -> None:
 
 
 class Replica:
-    """One ``broker serve`` subprocess on a free port (scheduler on, provider ``slurm``)."""
+    """One ``broker serve`` subprocess on a free port (scheduler on), data directory ``work/name``: provider
+    ``slurm`` when ``slurm_conf`` is given, else what ``env`` sets (e.g. ``BROKER_PROVIDERS=onprem``)."""
 
-    def __init__(self, name: str, work: Path, database_url: str, slurm_conf: Path, log_dir: Path,
-                 interval: float = 0.2) -> None:
+    def __init__(self, name: str, work: Path, database_url: str, slurm_conf: Path | None = None,
+                 log_dir: Path | None = None, interval: float = 0.2, env: dict[str, str] | None = None) -> None:
         self.name = name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -101,12 +102,16 @@ class Replica:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("BROKER_")} | {
             "BROKER_DATABASE_URL": database_url,
             "BROKER_ADMIN_TOKEN": ADMIN,
-            "BROKER_PROVIDERS": "slurm",
-            "BROKER_SLURM_CONF": str(slurm_conf),
-            "BROKER_SLURM_LOG_DIR": str(log_dir),  # one host: the replicas share the runs' log dir
             "BROKER_SCHEDULER_INTERVAL_SECONDS": str(interval),
             "BROKER_LOG_LEVEL": "INFO",
         }
+        if slurm_conf is not None:
+            self.env |= {
+                "BROKER_PROVIDERS": "slurm",
+                "BROKER_SLURM_CONF": str(slurm_conf),
+                "BROKER_SLURM_LOG_DIR": str(log_dir),  # one host: the replicas share the runs' log dir
+            }
+        self.env |= env or {}
         self.proc: subprocess.Popen[bytes] | None = None
         self._out: Any = None
 

@@ -265,3 +265,100 @@ def test_openapi_documents_the_contract_paths(client: httpx.Client) -> None:
               "/v1/placements:preview", "/v1/catalog/offers", "/healthz", "/readyz", "/metrics"):
         assert p in paths
     assert client.get("/docs").status_code == 200
+
+
+PUBLIC = {"/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/v1/edge/enroll",
+          "/v1/edge/renew", "/v1/edge/crl", "/v1/edge/probe"}
+
+
+def _concrete(path: str, ns: str, job_id: str, token_id: str) -> str:
+    """``path`` with its parameters filled with the victim's ids (or ``ns``), per route family."""
+    kind, name = {"/v1/policies/": ("Budget", "money"), "/v1/ops/heartbeats/": ("host", "secret-host"),
+                  "/v1/ops/pools/": ("", "warm"), "/v1/ops/alert-rules/": ("", "fleet"),
+                  "/v1/ops/metrics/": ("", "jobs")}.get(next((p for p in ("/v1/policies/", "/v1/ops/heartbeats/",
+                  "/v1/ops/pools/", "/v1/ops/alert-rules/", "/v1/ops/metrics/") if path.startswith(p)), ""), ("", ""))
+    return path.format(ns=ns, job_id=job_id, token_id=token_id, device_id="dev-secret", kind=kind, name=name)
+
+
+def test_every_route_answers_every_kind_of_caller_without_leaking_another_namespace(
+    tmp_path_factory: pytest.TempPathFactory, store_url: str
+) -> None:
+    """Issue 17: a sweep of every served route (the route table of docs/API.md, so a new route is swept too)
+    with no token, a malformed, unknown or revoked token, and a namespace token aimed at another namespace's
+    ids or at its own: never a 5xx; every authenticated route refuses the first four (401) and the namespace
+    token where it is not its namespace (403 admin-only, 404 another namespace); and no answer names the other
+    namespace, its job, labels or token, or the server's data directory."""
+    from tests.broker.test_service_routes_doc import route_rows
+
+    tmp = tmp_path_factory.mktemp("sweep")
+    app = make_app(tmp, store_url)
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as c:
+        secret, _ = _tenant(c)
+        mine, mine_h = _tenant(c)
+        secret_token = c.post(f"/v1/namespaces/{secret}/tokens", headers=ADMIN_H).json()["id"]
+        revoked = c.post(f"/v1/namespaces/{mine}/tokens", headers=ADMIN_H).json()
+        assert c.delete(f"/v1/tokens/{revoked['id']}", headers=ADMIN_H).status_code == 200
+        job = c.post(f"/v1/namespaces/{secret}/jobs", headers=ADMIN_H,
+                     json=job_doc("secret-job-name", labels={"project": "secret-label"})).json()["id"]
+        applied = c.post("/v1/policies:apply", headers=ADMIN_H, json={"items": [
+            {"apiVersion": "hybrid-broker/v1", "kind": "Budget", "metadata": {"name": "money", "namespace": secret},
+             "spec": {"dailyUSD": 10, "enforcement": "hard"}},
+            {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "compute", "namespace": secret},
+             "spec": {"hard": {"requests.cpu": "4"}}},
+            {"apiVersion": "hybrid-broker/v1", "kind": "AllowedPriorityClasses", "metadata": {"namespace": secret},
+             "spec": {"priorityClassNames": ["secret-class"]}}]})
+        assert applied.status_code == 200, applied.text
+        assert c.post("/v1/ops/samples", headers=ADMIN_H, json={"samples": [
+            {"name": "jobs", "labels": {"namespace": secret, "state": "PENDING"}, "value": 1}]}).status_code == 200
+        assert c.put("/v1/ops/pools/warm", headers=ADMIN_H, content=POOL.replace("NS", secret)).status_code == 200
+        assert c.post("/v1/ops/heartbeats/host/secret-host", headers=ADMIN_H).status_code == 200
+        assert c.post("/v1/edge/ca", headers=ADMIN_H, json={}).status_code == 201
+        markers = [secret, job, "secret-job-name", "secret-label", "secret-class", "secret-host", secret_token,
+                   str(tmp)]
+        callers = {
+            "no token": ({}, secret), "not a bearer token": ({"Authorization": "Basic abc"}, secret),
+            "an unknown token": ({"Authorization": "Bearer hb_nope"}, secret),
+            "a revoked token": ({"Authorization": f"Bearer {revoked['token']}"}, secret),
+            "a token of another namespace": (mine_h, secret),
+            "a namespace token with another namespace's ids": (mine_h, mine),
+        }
+        swept = 0
+        for method, path, _tag, auth, _what in route_rows(app):
+            for caller, (headers, ns) in callers.items():
+                target = _concrete(path, ns, job, secret_token)
+                r = c.request(method, target, headers=headers, json={} if method in ("POST", "PUT") else None,
+                              params={"bytes": 16})
+                where = f"{method} {path} with {caller}: {r.status_code} {r.text[:300]}"
+                swept += 1
+                assert r.status_code < 500, where
+                leaked = [m for m in markers if m in r.text and m not in target]  # echoing its own words is fine
+                assert not leaked, f"{where} names {leaked}"
+                if path in PUBLIC:
+                    assert auth == "no bearer token", path
+                elif not caller.startswith("a") or caller in ("an unknown token", "a revoked token"):
+                    assert r.status_code == 401, where
+                elif auth == "admin":
+                    assert r.status_code in ((403, 404) if "{ns}" in path else (403,)), where
+                elif "{ns}" in path and ns == secret:
+                    assert r.status_code == 404, where
+                elif "{job_id}" in path:
+                    assert r.status_code == 404, where
+            assert path in PUBLIC or auth != "no bearer token", f"{path} is served without a bearer token"
+        # the admin reads every route without a server error (what it may see includes the other namespace)
+        for method, path, *_ in route_rows(app):
+            if method == "GET":
+                r = c.get(_concrete(path, secret, job, secret_token), headers=ADMIN_H, params={"bytes": 16})
+                assert r.status_code < 500, (path, r.status_code, r.text[:300])
+    assert swept >= 6 * 55
+
+
+POOL = """
+kind: Pool
+spec:
+  namespace: NS
+  provider: aws
+  region: us-east-1
+  instanceType: {name: m7i.2xlarge, vcpus: 8, memoryGiB: 32, hourlyUSD: 0.4032}
+  minReplicas: 1
+  maxReplicas: 6
+"""

@@ -426,8 +426,8 @@ def test_cancelling_a_job_cancels_its_open_task_and_ignores_the_device_report(sv
     job_id, task = _running_on_edge(svc, Dev("dev-a"))
     from broker.api import cancel_job
 
-    out = cancel_job(job_id, NS, svc.hb)  # the DELETE handler: CANCELLED, then a cancel downlink for the task
-    assert out["state"] == JobState.CANCELLED.value
+    answer = cancel_job(job_id, NS, svc.hb)  # the DELETE handler: the cancel downlink for the task, then CANCELLED
+    assert answer.status_code == 200 and json.loads(answer.body)["state"] == JobState.CANCELLED.value
     svc.device_reports(task.task_id, "cancelled")
     svc.edge.runner.task_status(task.job_id, "CANCELLED", None, {"task_id": task.task_id})
     assert svc.job(job_id).state == JobState.CANCELLED.value
@@ -606,3 +606,23 @@ def test_a_device_going_offline_mid_task_gets_its_job_replaced_and_it_completes_
     assert tasks()["edge-svc-a"].state == "lost" and tasks()["edge-svc-b"].state == "succeeded"
     after = stack.get(job_id)
     assert after["state"] == "SUCCEEDED" and len(after["events"]) == len(job["events"])
+
+
+def test_a_namespace_token_sees_only_its_own_devices_in_offers_and_previews(svc: Service) -> None:
+    """Issue 17: ``/v1/catalog/offers`` and ``/v1/placements:preview`` (any token) never show a device of another
+    namespace: not in the offers, not as the preview's choice or runner-up."""
+    add_device(svc.store, Dev("dev-mine", namespace=NS, hourly_usd=0.02), svc.now)
+    add_device(svc.store, Dev("dev-theirs", namespace="team-b", hourly_usd=0.01), svc.now)
+    svc.hb.edge.fleet.refresh(svc.now)
+    with serve_in_thread(svc.app) as url, httpx.Client(base_url=url, timeout=30) as c:
+        assert c.post("/v1/namespaces", json={"name": "team-b"}, headers=ADMIN_H).status_code == 201
+        token = c.post(f"/v1/namespaces/{NS}/tokens", headers=ADMIN_H).json()["token"]
+        mine = {"Authorization": f"Bearer {token}"}
+        offers = c.get("/v1/catalog/offers", params={"provider": "edge"}, headers=mine).json()
+        admin_offers = c.get("/v1/catalog/offers", params={"provider": "edge"}, headers=ADMIN_H).json()
+        preview = c.post("/v1/placements:preview", json=job_doc("p", providers=["edge"]), headers=mine)
+    assert [o["region"] for o in offers["offers"]] == ["dev-mine"] and offers["total"] == 1
+    assert {o["region"] for o in admin_offers["offers"]} == {"dev-mine", "dev-theirs"}
+    assert preview.status_code == 200, preview.text
+    assert "dev-theirs" not in preview.text and "team-b" not in preview.text
+    assert preview.json()["placement"]["region"] == "dev-mine"

@@ -153,6 +153,50 @@ def test_cli_apply(served: tuple[Any, httpx.Client], tmp_path: Path, monkeypatch
     assert done.value.code == 2 and "no such file" in capsys.readouterr().err
 
 
+def test_cli_sets_and_shows_the_classes_a_namespace_may_use(
+    served: tuple[Any, httpx.Client], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from broker.cli import main
+
+    _, client = served
+    ns, h = tenant(client)
+    cls = f"gold-{ns}"
+    monkeypatch.setenv("BROKER_URL", str(client.base_url))
+    monkeypatch.setenv("BROKER_TOKEN", ADMIN_H["Authorization"].split()[1])
+    doc = tmp_path / "allowed.yaml"
+    doc.write_text(yaml.safe_dump_all([
+        {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": cls}, "value": 500},
+        {"apiVersion": "hybrid-broker/v1", "kind": "AllowedPriorityClasses", "metadata": {"namespace": ns},
+         "spec": {"priorityClassNames": [cls]}}]))
+
+    def run(*args: str) -> tuple[int, str, str]:
+        with pytest.raises(SystemExit) as done:
+            main(list(args))
+        out = capsys.readouterr()
+        return int(done.value.code or 0), out.out, out.err
+
+    code, out, _ = run("apply", "-f", str(doc))
+    assert code == 0 and f"allowedpriorityclasses/{ns} ({ns}) created" in out, out
+    code, out, _ = run("policies", "allow", ns)
+    assert code == 0 and out.splitlines()[0] == f"{ns}: allow-list: {cls}" and cls in out.splitlines()[1]
+    assert client.post(f"/v1/namespaces/{ns}/jobs", headers=h, json=job_doc("g", priorityClassName=cls)).status_code \
+        == 201
+    code, out, _ = run("policies", "allow", ns, "--none")
+    assert code == 0 and out.splitlines()[0] == f"{ns}: allow-list: none"
+    assert client.post(f"/v1/namespaces/{ns}/jobs", headers=h, json=job_doc("g", priorityClassName=cls)).status_code \
+        == 403
+    code, out, _ = run("policies", "allow", ns, "--reset")
+    assert code == 0 and "no allow-list: classes at or below the default priority (0)" in out
+    code, _, err = run("policies", "allow", ns, cls, "--reset")
+    assert code == 2 and err.count("\n") == 1 and "not several" in err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"kind": "AllowedPriorityClasses", "metadata": {"namespace": ns},
+                                   "spec": {"priorityClassNames": "gold"}}))
+    code, _, err = run("apply", "-f", str(bad))
+    assert code == 2 and "spec.priorityClassNames" in err and "Traceback" not in err
+
+
 def test_admission_hook_cuts_a_burst_at_the_budget_and_alerts_on_soft_budgets(
         served: tuple[Any, httpx.Client]) -> None:
     from datetime import UTC, datetime
