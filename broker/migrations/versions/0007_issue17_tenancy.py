@@ -2,7 +2,7 @@
 replica that can stop the run, and stored log tails every replica can serve.
 
 Revision ID: 0007_issue17_tenancy
-Revises: 0006_issue12_baselines
+Revises: 0007_issue13_device_labels
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0007_issue17_tenancy"
-down_revision = "0006_issue12_baselines"
+down_revision = "0007_issue13_device_labels"
 branch_labels = None
 depends_on = None
 
