@@ -22,8 +22,13 @@ and logged at DEBUG:
    (:func:`policies.loadbalance.choose_pool`, fed from the store); the choice is in the PLACED event.
    PENDING -> PLACED -> PROVISIONING with one bulk insert of decision records, in one transaction per
    batch. Nothing feasible anywhere -> FAILED.
-5. **provision**: :func:`providers.failover.provision` over the chosen option and its alternatives;
-   PROVISIONING -> RUNNING, or BACKOFF (retryable, within ``backoffLimit``) / FAILED. A gang over several
+5. **provision**: :func:`providers.failover.provision` over the chosen option and its alternatives, with the
+   job's ``spec.retry`` for the in-cycle retries of transient errors (per option: at most ``backoffLimit``
+   retries, delays doubling from ``retryDelaySeconds`` up to ``maxRetryDelaySeconds``, or the provider's
+   ``Retry-After``, slept on the scheduler's clock); PROVISIONING -> RUNNING, FAILED when every option was
+   tried and failed (the message says why, option by option), else BACKOFF (retryable, within
+   ``backoffLimit``) / FAILED. Design choice: the retries wait inside the cycle, as the launch they retry
+   does; a spec with long delays slows the cycle down by that much, so keep them short. A gang over several
    hosts or zones is one launch per part (all tagged with the job's request id); fewer than N instances,
    or a part failing, terminates everything launched for it and backs off.
 6. **poll**: running instances' states -> SUCCEEDED / FAILED / BACKOFF (retry) and terminate leftovers
@@ -48,6 +53,7 @@ import dataclasses
 import json
 import logging
 import os
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -103,8 +109,6 @@ TAG_REQUEST = "hb-request"
 TAG_NAMESPACE = "hb-namespace"
 LOST_INSTANCE_GRACE_SECONDS = 60.0
 ACTIVE_STATES = (JobState.PLACED.value, JobState.PROVISIONING.value, JobState.RUNNING.value)
-# In-cycle retries of transient provider errors; job-level retries go through BACKOFF (spec.retry).
-PROVISION_RETRY = RetryPolicy(backoff_limit=2, retry_delay_seconds=0.2, max_retry_delay_seconds=1.0)
 
 _jobs = JobRow.__table__  # type: ignore[attr-defined]
 _attempts = AttemptRow.__table__  # type: ignore[attr-defined]
@@ -346,6 +350,7 @@ class Scheduler:
         from providers.failover import Blocklist
 
         self.blocklist = Blocklist(self.clock)
+        self.rng = random.Random()  # jitter of the in-cycle launch retries (tests seed it)
         # Edge devices (broker.edge_provider.EdgeService), set by install_edge when the gateway runs:
         # per-job device offers in step 4, device task states in step 6.
         self.edge: Any = None
@@ -1285,8 +1290,8 @@ class Scheduler:
             else:
                 outcome = provision(
                     options, self.state.get_provider, request_id=request_id,
-                    tags={TAG_JOB: job.id, TAG_NAMESPACE: job.namespace}, job=job.spec, retry=PROVISION_RETRY,
-                    clock=self.clock, blocklist=self.blocklist, count=max(1, job.request.nodes),
+                    tags={TAG_JOB: job.id, TAG_NAMESPACE: job.namespace}, job=job.spec, retry=job.spec.retry,
+                    clock=self.clock, blocklist=self.blocklist, rng=self.rng, count=max(1, job.request.nodes),
                 )
                 outcome = self._whole_gang(job, request_id, outcome)  # gang: never fewer than N running
             for a in outcome.attempts:
@@ -1320,6 +1325,12 @@ class Scheduler:
                                 "placement_json": _option_json(opt),
                                 "dry_run": any(i.dry_run for i in outcome.instances), "started_at": now},
                     ))
+                elif getattr(outcome, "exhausted", False):  # every option tried, each out of its retries
+                    from providers.failover import exhausted_reason
+
+                    why = exhausted_reason(outcome.attempts)
+                    transitions.append(Transition(job.id, JobState.PROVISIONING, JobState.FAILED, reason=why,
+                                                  fields={"message": why, "finished_at": now}))
                 else:
                     err = outcome.error
                     transitions.append(self._failure(job.id, job.spec.retry, job.retries, JobState.PROVISIONING,
