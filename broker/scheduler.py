@@ -569,8 +569,9 @@ class Scheduler:
     # 3 ---------------------------------------------------------------------------------------------
     def estimate_usd(self, job: QueuedJob) -> float:
         """The priced estimate of ``job`` for budgets: the ``total_usd`` of its cheapest feasible placement
-        on the enabled providers (0 when nothing is feasible). Placements are cached per request for the
-        cycle, so step 4 reuses this one."""
+        on the enabled providers (0 when nothing is feasible, or when that placement's provider only
+        simulates runs: a dry-run job is not billed, so it consumes no budget). Placements are cached per
+        request for the cycle, so step 4 reuses this one."""
         try:
             extra, edge_sig = self._cycle_extra, ()
             # --- edge: the same device offers as step 4 (namespace, online), so the cache entry is shared ---
@@ -581,10 +582,17 @@ class Scheduler:
             result = self._result(job, self._cycle_now, extra, edge_sig)
         except Exception:  # noqa: BLE001 - placement errors surface in step 4 with the job's failure
             return 0.0
-        enabled = set(self.state.providers)
-        totals = [o.total_usd for o in ([result.placement] if result.placement else []) + list(result.alternatives)
-                  if o.provider in enabled]
-        return min(totals) if totals else 0.0
+        enabled = self.state.providers
+        options = [o for o in ([result.placement] if result.placement else []) + list(result.alternatives)
+                   if o.provider in enabled]
+        if not options:
+            return 0.0
+        cheapest = min(options, key=lambda o: o.total_usd)
+        from providers.base import Capability
+
+        if Capability.DRY_RUN in getattr(enabled[cheapest.provider], "capabilities", frozenset()):
+            return 0.0  # it will only be simulated: nothing is billed, so nothing is charged to a budget
+        return cheapest.total_usd
 
     def alert(self, job_id: str, text: str) -> None:
         """Admission alert (a soft budget crossed): written as a note event on the job in step 4's
@@ -1257,7 +1265,7 @@ class Scheduler:
         if not runs:
             return
         from broker import queues
-        from broker.policy_store import record_spend
+        from broker.policy_store import DRY_RUN_KIND, record_spend
 
         usage: dict[str, UsageVector] = {}
         for row, hours, estimate in runs:
@@ -1266,8 +1274,9 @@ class Scheduler:
             except SpecError:
                 nodes = 1
             actual = _run_cost(row.placement_json, hours, nodes)
-            if abs(actual - estimate) > 1e-12:
-                record_spend(session, row.namespace, actual - estimate, now, job_id=row.id, kind="actual")
+            if abs(actual - estimate) > 1e-12:  # a dry-run job's correction is simulated spend (no budget)
+                record_spend(session, row.namespace, actual - estimate, now, job_id=row.id,
+                             kind=DRY_RUN_KIND if getattr(row, "dry_run", False) else "actual")
             add = queues.job_usage(float(row.vcpus), float(row.memory_gib), float(row.gpus), hours, actual)
             usage[row.namespace] = usage.get(row.namespace, UsageVector()) + add
         config = queues.load_queue_config(session)
