@@ -292,7 +292,7 @@ def test_a_gpu_job_gets_the_nvidia_driver_extension_and_runs_once_the_driver_wor
     st = azure_fake.app.state
     vm = st.vms[("sub-1", "hybrid-broker", inst.id)]
     image = vm["properties"]["storageProfile"]["imageReference"]
-    assert (image["publisher"], image["sku"]) == ("Canonical", "22_04-lts-gen2"), "a plain image: the driver is the extension's"
+    assert (image["publisher"], image["sku"]) == ("Canonical", "22_04-lts-gen2"), "the driver is the extension's"
     ext = st.extensions[("sub-1", "hybrid-broker", inst.id, "nvidiagpudriverlinux")]
     assert {k: ext["properties"][k] for k in ("publisher", "type", "typeHandlerVersion", "provisioningState")} == {
         "publisher": "Microsoft.HpcCompute", "type": "NvidiaGpuDriverLinux", "typeHandlerVersion": "1.6",
