@@ -171,7 +171,8 @@ def azure_cloud(azure_proxy: FaultProxy, pki, azure_fake) -> Iterator[Cloud]:
         vms = [f"vm {v['name']}" for (_, g, _), v in st.vms.items() if g == "hb-jobs"]
         nics = [f"nic {n['name']}" for (_, g, _), n in st.nics.items() if g == "hb-jobs"]
         disks = [f"disk {d['name']}" for (_, g, _), d in st.disks.items() if g == "hb-jobs"]
-        return vms + nics + disks
+        exts = [f"extension {vm}/{e['name']}" for (_, g, vm, _), e in st.extensions.items() if g == "hb-jobs"]
+        return vms + nics + disks + exts
 
     def capacity() -> None:
         arm_faults.add(request("PUT", "/virtualMachines/"), arm_error("AllocationFailed"))
