@@ -684,7 +684,8 @@ def job_logs(
     stream: Annotated[str, Query(pattern="^(stdout|stderr)$")] = "stdout",
     tail_bytes: Annotated[int, Query(ge=1, le=16 * 1024 * 1024)] = 1024 * 1024,
 ) -> PlainTextResponse:
-    """The ``stdout`` (or ``stderr``) of the job's on-prem run, last ``tail_bytes`` bytes."""
+    """The ``stdout`` (or ``stderr``) of the job's on-prem run, last ``tail_bytes`` bytes; for a cloud run, the
+    log tail its VM reported when it ended (stdout and stderr together; 409 while it still runs)."""
     row = _get_row(session, ns, job_id)
     instances = _loads(row.instances_json) or []
     pool = hb.providers.get("onprem")

@@ -129,14 +129,20 @@ def aws_cloud(aws_proxy: FaultProxy, moto_endpoint: str) -> Iterator[Cloud]:
                       secret_key="testing")
     guests = Ec2Guests(moto_endpoint, ec2_faults)
     mine: set[str] = set()
+    volumes_before = {r: {v["VolumeId"] for v in guests.clients[r].describe_volumes()["Volumes"]}
+                      for r in ("us-east-1", "us-west-2")}
 
     def inventory() -> list[str]:
+        """Our instances not terminated, and EBS volumes made since the module began (root volumes go with
+        their instance). Primary ENIs are not counted: moto keeps a terminated instance's ENI, EC2 deletes it."""
         out = []
         for region in ("us-east-1", "us-west-2"):
             ec2 = guests.clients[region]
             for res in ec2.describe_instances(Filters=[{"Name": "tag-key", "Values": [TAG_REQUEST]}])["Reservations"]:
                 out += [i["InstanceId"] for i in res["Instances"] if i["State"]["Name"] not in ("terminated",)
                         and i["InstanceId"] in mine]
+            out += [f"volume {v['VolumeId']}" for v in ec2.describe_volumes()["Volumes"]
+                    if v["VolumeId"] not in volumes_before[region]]
         return out
 
     def step() -> None:
@@ -298,11 +304,19 @@ def broker(module_broker: Broker, aws_proxy: FaultProxy, azure_proxy: FaultProxy
     gcp_fake.app.state.exhausted.clear()
 
 
-def test_a_command_job_succeeds_with_its_exit_code_and_log_tail(broker: Broker) -> None:
+def test_a_command_job_succeeds_with_its_exit_code_and_log_tail(broker: Broker, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
     job = broker.submit("ok", ["sh", "-c", "echo step 1; echo done on $HB_CLOUD"], env={"HB_CLOUD": broker.cloud.name})
     done = broker.until(job, {"SUCCEEDED", "FAILED"})
     assert (done["state"], done["exit_code"]) == ("SUCCEEDED", 0), done.get("message")
     assert broker.logs(job) == f"step 1\ndone on {broker.cloud.name}\n"
+    from broker.cli import main  # `broker jobs logs` shows the same tail
+
+    monkeypatch.setenv("BROKER_URL", str(broker.http.base_url).rstrip("/"))
+    monkeypatch.setenv("BROKER_TOKEN", ADMIN)
+    with pytest.raises(SystemExit) as exc:
+        main(["jobs", "logs", job, "-n", "default"])
+    assert exc.value.code in (0, None) and capsys.readouterr().out == f"step 1\ndone on {broker.cloud.name}\n"
     broker.until(job, {"SUCCEEDED"})  # one more cycle: the stopped VM was deleted after its report
     assert broker.cloud.inventory() == []
 
