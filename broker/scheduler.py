@@ -28,7 +28,8 @@ and logged at DEBUG:
    ``Retry-After``, slept on the scheduler's clock); PROVISIONING -> RUNNING, FAILED when every option was
    tried and failed (the message says why, option by option), else BACKOFF (retryable, within
    ``backoffLimit``) / FAILED. Design choice: the retries wait inside the cycle, as the launch they retry
-   does; a spec with long delays slows the cycle down by that much, so keep them short. A gang over several
+   does; a spec with long delays slows the cycle down by that much, so keep them short. A shutdown ends such
+   a wait at once and leaves the job PROVISIONING for the next start's reconciliation. A gang over several
    hosts or zones is one launch per part (all tagged with the job's request id); fewer than N instances,
    or a part failing, terminates everything launched for it and backs off.
 6. **poll**: running instances' states -> SUCCEEDED / FAILED / BACKOFF (retry) and terminate leftovers
@@ -321,6 +322,38 @@ def _option_json(option: PlacementOption) -> str:
     return json.dumps(d)
 
 
+class _Stopping(Exception):
+    """The scheduler loop was told to stop while a launch waited to be retried."""
+
+
+class _RetryClock:
+    """The clock of the in-cycle waits between launch retries: the scheduler's clock, except that a wait on the
+    system clock ends as soon as the loop's ``stop`` is set, with :class:`_Stopping` (a shutdown does not sit
+    out a backoff, nor retries hurried into failing the job). The job stays PROVISIONING; the next start's
+    reconciliation adopts what was launched for it or requeues it, as after a crash."""
+
+    def __init__(self, clock: Any, stop: threading.Event | None) -> None:
+        self.clock = clock
+        self.stop = stop
+
+    def now(self) -> datetime:
+        return self.clock.now()  # type: ignore[no-any-return]
+
+    def monotonic(self) -> float:
+        return float(self.clock.monotonic())
+
+    def sleep(self, seconds: float) -> None:
+        from broker.clock import SystemClock
+
+        if self.stop is not None and isinstance(self.clock, SystemClock):
+            if self.stop.wait(max(0.0, seconds)):
+                raise _Stopping()
+            return
+        self.clock.sleep(seconds)
+        if self.stop is not None and self.stop.is_set():
+            raise _Stopping()
+
+
 class Scheduler:
     """The scheduling loop of one broker app (``state`` is its :class:`broker.app.AppState`).
 
@@ -351,6 +384,7 @@ class Scheduler:
 
         self.blocklist = Blocklist(self.clock)
         self.rng = random.Random()  # jitter of the in-cycle launch retries (tests seed it)
+        self._stop: threading.Event | None = None  # run_forever's: ends in-cycle retry waits on shutdown
         # Edge devices (broker.edge_provider.EdgeService), set by install_edge when the gateway runs:
         # per-job device offers in step 4, device task states in step 6.
         self.edge: Any = None
@@ -386,6 +420,7 @@ class Scheduler:
         there is more work). Errors of one cycle do not stop the loop; a run of failing cycles (a database
         outage) is logged once when it starts and once when it ends."""
         interval = self.state.settings.scheduler_interval_seconds
+        self._stop = stop
         while not stop.is_set():
             busy = False
             try:
@@ -1297,11 +1332,17 @@ class Scheduler:
             if plan is not None and len(plan) > 1:  # gang: one launch per host/zone, all or nothing
                 outcome = self._launch_gang(job, request_id, plan, options[0])
             else:
-                outcome = provision(
-                    options, self.state.get_provider, request_id=request_id,
-                    tags={TAG_JOB: job.id, TAG_NAMESPACE: job.namespace}, job=job.spec, retry=job.spec.retry,
-                    clock=self.clock, blocklist=self.blocklist, rng=self.rng, count=max(1, job.request.nodes),
-                )
+                try:
+                    outcome = provision(
+                        options, self.state.get_provider, request_id=request_id,
+                        tags={TAG_JOB: job.id, TAG_NAMESPACE: job.namespace}, job=job.spec, retry=job.spec.retry,
+                        clock=_RetryClock(self.clock, self._stop), blocklist=self.blocklist, rng=self.rng,
+                        count=max(1, job.request.nodes),
+                    )
+                except _Stopping:  # shutting down: record what was launched so far, leave the rest PROVISIONING
+                    log.warning("job %s: stopped while its launch waited to be retried; the next start "
+                                "reconciles it", job.id)
+                    break
                 outcome = self._whole_gang(job, request_id, outcome)  # gang: never fewer than N running
             for a in outcome.attempts:
                 if a.outcome not in ("launched", "skipped"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,6 +145,38 @@ def test_a_capacity_error_fails_over_to_the_next_alternative(tmp_path: Path, sto
         assert d["placement"]["instance_type"] == second["instance_type"], "placement shows what really runs"
     finally:
         h.stop_runs()
+
+
+def test_a_stop_ends_a_launch_retry_wait_at_once_and_leaves_the_job_to_reconciliation(
+        tmp_path: Path, store_url: str) -> None:
+    from broker.clock import SystemClock
+    from tests.broker.service_support import make_app
+
+    aws = FakeProvider("aws", fail=lambda *a: TransientError("throttled"))
+    app = make_app(tmp_path, store_url, providers={"aws": aws}, clock=SystemClock())
+    hb = app.state.hb
+    try:
+        slow = {"backoffLimit": 5, "retryDelaySeconds": 600, "maxRetryDelaySeconds": 600}
+        spec = parse_job_spec(job_doc("slow", providers=["aws"], retry=slow), now=hb.clock.now())
+        with hb.store.tx() as session:
+            [job] = submit_jobs(session, NS, [spec], now=hb.clock.now(), spec_docs=[json.dumps(spec.raw)])
+        stop = threading.Event()
+        loop = threading.Thread(target=hb.scheduler.run_forever, args=(stop,), daemon=True)
+        loop.start()
+        deadline = time.monotonic() + 20
+        while not aws.launch_calls:  # the first try failed: the launch now waits 300-600 s to be retried
+            assert time.monotonic() < deadline, "the scheduler never tried the launch"
+            time.sleep(0.05)
+        stop.set()
+        loop.join(10)
+        assert not loop.is_alive(), "the stop ended the retry wait"
+        assert len(aws.launch_calls) == 1
+        with hb.store.read() as session:
+            row = session.get(JobRow, job["id"])
+            # neither failed nor charged a retry by the shutdown: left to the next start's reconciliation
+            assert row is not None and (row.state, row.retries) == ("PROVISIONING", 0)
+    finally:
+        hb.store.dispose()
 
 
 def test_transient_errors_are_retried_per_option_with_the_spec_backoff_then_the_job_fails_saying_why(
