@@ -738,9 +738,10 @@ def job_logs(
 ) -> Response:
     """The ``stdout`` (or ``stderr``) of the job's run, last ``tail_bytes`` bytes, from whichever replica has it.
 
-    From this replica's data directory when it runs the job here, else the tail the replica running it stored
-    (``X-Log-Source: stored``, at most 64 KiB, a few seconds behind while it runs). 503 (``Retry-After``) while a
-    run elsewhere has stored nothing yet, 404 when no log of the run is kept anywhere.
+    A cloud run: the log tail its VM reported when it ended (stdout and stderr together; 409 while it runs).
+    An on-prem run: from this replica's data directory when it runs the job here, else the tail the replica
+    running it stored (``X-Log-Source: stored``, at most 64 KiB, a few seconds behind while it runs). 503
+    (``Retry-After``) while a run elsewhere has stored nothing yet, 404 when no log of the run is kept anywhere.
     \f
     ``X-Log-Source`` is ``local``, ``stored`` or ``provider`` (a cloud VM's tail, reported when it ends);
     a stored tail also has ``X-Log-Stored-At``, ``X-Log-Size`` (the stream's whole size) and ``X-Log-Ended``.

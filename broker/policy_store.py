@@ -9,10 +9,15 @@ session (the caller commits). :func:`load_snapshot` reads everything admission n
 Spend (what budgets count) is the ledger table plus the priced estimate (``placement_json.total_usd``)
 of every job that was placed, dated when it was placed (``started_at``, else ``updated_at``); a ledger
 row with ``kind="actual"`` and a negative/positive correction adjusts it when a run's real cost is known.
+**Dry-run** jobs (``jobs.dry_run``: the provider only simulated them) never count against a budget: their
+estimate and their ledger rows (``kind="dry-run"``) are *simulated spend*, read with
+``spend_entries(..., dry_run=True)`` and shown apart in :func:`budget_burn` (``dry_run_today_usd``,
+``dry_run_month_usd``), as the placement report shows them apart.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -53,6 +58,7 @@ __all__ = [
     "list_budgets",
     "list_reservations",
     "record_spend",
+    "DRY_RUN_KIND",
     "spend_entries",
     "budget_burn",
     "active_workloads",
@@ -319,11 +325,14 @@ def list_reservations(session: Session) -> list[Reservation]:
             for r in session.exec(select(ReservationRecord)).all()]
 
 
+DRY_RUN_KIND = "dry-run"  # ledger rows of dry-run jobs: simulated spend, never in a budget
+
+
 def record_spend(
     session: Session, namespace: str, usd: float, at: datetime, *, job_id: str = "", kind: str = "adjustment"
 ) -> None:
     """Add a ledger row (no commit). Use ``kind="actual"`` with the difference between a finished run's
-    real cost and its estimate."""
+    real cost and its estimate (``kind=DRY_RUN_KIND`` for a dry-run job's: simulated, never budgeted)."""
     session.add(SpendRecord(namespace=namespace, job_id=job_id, usd=float(usd), kind=kind, at=at))
 
 
@@ -341,11 +350,15 @@ def _option_usd(placement_json: str | None) -> float:
         return 0.0
 
 
-def spend_entries(session: Session, since: datetime, namespace: str | None = None) -> list[SpendEntry]:
-    """Spend since ``since``: placed jobs' estimates plus the ledger (see the module docstring)."""
+def spend_entries(
+    session: Session, since: datetime, namespace: str | None = None, *, dry_run: bool = False
+) -> list[SpendEntry]:
+    """Spend since ``since``: placed jobs' estimates plus the ledger (see the module docstring). Real spend
+    by default; ``dry_run=True`` gives the simulated spend of dry-run jobs instead (never both)."""
     out: list[SpendEntry] = []
     jobs = select(JobRow.namespace, JobRow.id, JobRow.placement_json, JobRow.started_at,  # type: ignore[call-overload]
-                  JobRow.updated_at).where(JobRow.placement_json.is_not(None))  # type: ignore[union-attr]
+                  JobRow.updated_at).where(JobRow.placement_json.is_not(None),  # type: ignore[union-attr]
+                                           JobRow.dry_run == dry_run)
     if namespace is not None:
         jobs = jobs.where(JobRow.namespace == namespace)
     for ns, job_id, placement, started, updated in session.exec(jobs).all():
@@ -353,6 +366,8 @@ def spend_entries(session: Session, since: datetime, namespace: str | None = Non
         if when >= since:
             out.append(SpendEntry(ns, _option_usd(placement), when, job_id))
     ledger = select(SpendRecord).where(SpendRecord.at >= since)  # type: ignore[arg-type]
+    ledger = ledger.where((SpendRecord.kind == DRY_RUN_KIND) if dry_run  # type: ignore[arg-type]
+                          else (SpendRecord.kind != DRY_RUN_KIND))
     if namespace is not None:
         ledger = ledger.where(SpendRecord.namespace == namespace)  # type: ignore[arg-type]
     out.extend(SpendEntry(r.namespace, r.usd, utc(r.at), r.job_id) for r in session.exec(ledger).all())
@@ -360,11 +375,14 @@ def spend_entries(session: Session, since: datetime, namespace: str | None = Non
 
 
 def budget_burn(session: Session, namespace: str, now: datetime) -> Burn:
-    """Burn and projected month-end spend of ``namespace`` with its (first) budget's limits."""
+    """Burn and projected month-end spend of ``namespace`` with its (first) budget's limits; the simulated
+    spend of its dry-run jobs apart (``dry_run_*``, in no limit nor projection)."""
     budgets = list_budgets(session, namespace)
     since = _month_start(now) - timedelta(seconds=1)
-    return budget_mod.burn(namespace, spend_entries(session, since, namespace), now,
+    real = budget_mod.burn(namespace, spend_entries(session, since, namespace), now,
                            budgets[0] if budgets else None)
+    simulated = budget_mod.burn(namespace, spend_entries(session, since, namespace, dry_run=True), now)
+    return dataclasses.replace(real, dry_run_today_usd=simulated.today_usd, dry_run_month_usd=simulated.month_usd)
 
 
 def workload_from_row(row: Any, *, estimated_usd: float | None = None) -> Workload:

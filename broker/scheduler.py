@@ -25,8 +25,14 @@ and logged at DEBUG:
    (:func:`policies.loadbalance.choose_pool`, fed from the store); the choice is in the PLACED event.
    PENDING -> PLACED -> PROVISIONING with one bulk insert of decision records, in one transaction per
    batch. Nothing feasible anywhere -> FAILED.
-5. **provision**: :func:`providers.failover.provision` over the chosen option and its alternatives;
-   PROVISIONING -> RUNNING, or BACKOFF (retryable, within ``backoffLimit``) / FAILED. A gang over several
+5. **provision**: :func:`providers.failover.provision` over the chosen option and its alternatives, with the
+   job's ``spec.retry`` for the in-cycle retries of transient errors (per option: at most ``backoffLimit``
+   retries, delays doubling from ``retryDelaySeconds`` up to ``maxRetryDelaySeconds``, or the provider's
+   ``Retry-After``, slept on the scheduler's clock); PROVISIONING -> RUNNING, FAILED when every option was
+   tried and failed (the message says why, option by option), else BACKOFF (retryable, within
+   ``backoffLimit``) / FAILED. Design choice: the retries wait inside the cycle, as the launch they retry
+   does; a spec with long delays slows the cycle down by that much, so keep them short. A shutdown ends such
+   a wait at once and leaves the job PROVISIONING for the next start's reconciliation. A gang over several
    hosts or zones is one launch per part (all tagged with the job's request id); fewer than N instances,
    or a part failing, terminates everything launched for it and backs off.
 6. **poll**: running instances' states -> SUCCEEDED / FAILED / BACKOFF (retry) and terminate leftovers
@@ -53,6 +59,7 @@ import dataclasses
 import json
 import logging
 import os
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -109,8 +116,6 @@ TAG_REQUEST = "hb-request"
 TAG_NAMESPACE = "hb-namespace"
 LOST_INSTANCE_GRACE_SECONDS = 60.0
 ACTIVE_STATES = (JobState.PLACED.value, JobState.PROVISIONING.value, JobState.RUNNING.value)
-# In-cycle retries of transient provider errors; job-level retries go through BACKOFF (spec.retry).
-PROVISION_RETRY = RetryPolicy(backoff_limit=2, retry_delay_seconds=0.2, max_retry_delay_seconds=1.0)
 
 _jobs = JobRow.__table__  # type: ignore[attr-defined]
 _attempts = AttemptRow.__table__  # type: ignore[attr-defined]
@@ -325,6 +330,38 @@ def _option_json(option: PlacementOption) -> str:
     return json.dumps(d)
 
 
+class _Stopping(Exception):
+    """The scheduler loop was told to stop while a launch waited to be retried."""
+
+
+class _RetryClock:
+    """The clock of the in-cycle waits between launch retries: the scheduler's clock, except that a wait on the
+    system clock ends as soon as the loop's ``stop`` is set, with :class:`_Stopping` (a shutdown does not sit
+    out a backoff, nor retries hurried into failing the job). The job stays PROVISIONING; the next start's
+    reconciliation adopts what was launched for it or requeues it, as after a crash."""
+
+    def __init__(self, clock: Any, stop: threading.Event | None) -> None:
+        self.clock = clock
+        self.stop = stop
+
+    def now(self) -> datetime:
+        return self.clock.now()  # type: ignore[no-any-return]
+
+    def monotonic(self) -> float:
+        return float(self.clock.monotonic())
+
+    def sleep(self, seconds: float) -> None:
+        from broker.clock import SystemClock
+
+        if self.stop is not None and isinstance(self.clock, SystemClock):
+            if self.stop.wait(max(0.0, seconds)):
+                raise _Stopping()
+            return
+        self.clock.sleep(seconds)
+        if self.stop is not None and self.stop.is_set():
+            raise _Stopping()
+
+
 class Scheduler:
     """The scheduling loop of one broker app (``state`` is its :class:`broker.app.AppState`).
 
@@ -355,6 +392,8 @@ class Scheduler:
         from providers.failover import Blocklist
 
         self.blocklist = Blocklist(self.clock)
+        self.rng = random.Random()  # jitter of the in-cycle launch retries (tests seed it)
+        self._stop: threading.Event | None = None  # run_forever's: ends in-cycle retry waits on shutdown
         # Edge devices (broker.edge_provider.EdgeService), set by install_edge when the gateway runs:
         # per-job device offers in step 4, device task states in step 6.
         self.edge: Any = None
@@ -390,6 +429,7 @@ class Scheduler:
         there is more work). Errors of one cycle do not stop the loop; a run of failing cycles (a database
         outage) is logged once when it starts and once when it ends."""
         interval = self.state.settings.scheduler_interval_seconds
+        self._stop = stop
         while not stop.is_set():
             busy = False
             try:
@@ -583,8 +623,9 @@ class Scheduler:
     # 3 ---------------------------------------------------------------------------------------------
     def estimate_usd(self, job: QueuedJob) -> float:
         """The priced estimate of ``job`` for budgets: the ``total_usd`` of its cheapest feasible placement
-        on the enabled providers (0 when nothing is feasible). Placements are cached per request for the
-        cycle, so step 4 reuses this one."""
+        on the enabled providers (0 when nothing is feasible, or when that placement's provider only
+        simulates runs: a dry-run job is not billed, so it consumes no budget). Placements are cached per
+        request for the cycle, so step 4 reuses this one."""
         try:
             extra, edge_sig = self._cycle_extra, ()
             # --- edge: the same device offers as step 4 (namespace, online), so the cache entry is shared ---
@@ -595,10 +636,17 @@ class Scheduler:
             result = self._result(job, self._cycle_now, extra, edge_sig)
         except Exception:  # noqa: BLE001 - placement errors surface in step 4 with the job's failure
             return 0.0
-        enabled = set(self.state.providers)
-        totals = [o.total_usd for o in ([result.placement] if result.placement else []) + list(result.alternatives)
-                  if o.provider in enabled]
-        return min(totals) if totals else 0.0
+        enabled = self.state.providers
+        options = [o for o in ([result.placement] if result.placement else []) + list(result.alternatives)
+                   if o.provider in enabled]
+        if not options:
+            return 0.0
+        cheapest = min(options, key=lambda o: o.total_usd)
+        from providers.base import Capability
+
+        if Capability.DRY_RUN in getattr(enabled[cheapest.provider], "capabilities", frozenset()):
+            return 0.0  # it will only be simulated: nothing is billed, so nothing is charged to a budget
+        return cheapest.total_usd
 
     def alert(self, job_id: str, text: str) -> None:
         """Admission alert (a soft budget crossed): written as a note event on the job in step 4's
@@ -1273,7 +1321,7 @@ class Scheduler:
         if not runs:
             return
         from broker import queues
-        from broker.policy_store import record_spend
+        from broker.policy_store import DRY_RUN_KIND, record_spend
 
         usage: dict[str, UsageVector] = {}
         for row, hours, estimate in runs:
@@ -1282,8 +1330,9 @@ class Scheduler:
             except SpecError:
                 nodes = 1
             actual = _run_cost(row.placement_json, hours, nodes)
-            if abs(actual - estimate) > 1e-12:
-                record_spend(session, row.namespace, actual - estimate, now, job_id=row.id, kind="actual")
+            if abs(actual - estimate) > 1e-12:  # a dry-run job's correction is simulated spend (no budget)
+                record_spend(session, row.namespace, actual - estimate, now, job_id=row.id,
+                             kind=DRY_RUN_KIND if getattr(row, "dry_run", False) else "actual")
             add = queues.job_usage(float(row.vcpus), float(row.memory_gib), float(row.gpus), hours, actual)
             usage[row.namespace] = usage.get(row.namespace, UsageVector()) + add
         config = queues.load_queue_config(session)
@@ -1304,11 +1353,17 @@ class Scheduler:
             if plan is not None and len(plan) > 1:  # gang: one launch per host/zone, all or nothing
                 outcome = self._launch_gang(job, request_id, plan, options[0])
             else:
-                outcome = provision(
-                    options, self.state.get_provider, request_id=request_id,
-                    tags={TAG_JOB: job.id, TAG_NAMESPACE: job.namespace}, job=job.spec, retry=PROVISION_RETRY,
-                    clock=self.clock, blocklist=self.blocklist, count=max(1, job.request.nodes),
-                )
+                try:
+                    outcome = provision(
+                        options, self.state.get_provider, request_id=request_id,
+                        tags={TAG_JOB: job.id, TAG_NAMESPACE: job.namespace}, job=job.spec, retry=job.spec.retry,
+                        clock=_RetryClock(self.clock, self._stop), blocklist=self.blocklist, rng=self.rng,
+                        count=max(1, job.request.nodes),
+                    )
+                except _Stopping:  # shutting down: record what was launched so far, leave the rest PROVISIONING
+                    log.warning("job %s: stopped while its launch waited to be retried; the next start "
+                                "reconciles it", job.id)
+                    break
                 outcome = self._whole_gang(job, request_id, outcome)  # gang: never fewer than N running
             for a in outcome.attempts:
                 if a.outcome not in ("launched", "skipped"):
@@ -1341,6 +1396,12 @@ class Scheduler:
                                 "placement_json": _option_json(opt),
                                 "dry_run": any(i.dry_run for i in outcome.instances), "started_at": now},
                     ))
+                elif getattr(outcome, "exhausted", False):  # every option tried, each out of its retries
+                    from providers.failover import exhausted_reason
+
+                    why = exhausted_reason(outcome.attempts)
+                    transitions.append(Transition(job.id, JobState.PROVISIONING, JobState.FAILED, reason=why,
+                                                  fields={"message": why, "finished_at": now}))
                 else:
                     err = outcome.error
                     transitions.append(self._failure(job.id, job.spec.retry, job.retries, JobState.PROVISIONING,

@@ -10,10 +10,11 @@ A document::
       monthlyUSD: 2000
       enforcement: hard      # hard: hold with BudgetExceeded | soft: admit and raise an alert
 
-At admission a job is charged its priced estimate (``Workload.estimated_usd``). The spend it is checked
-against is the namespace's ledger (:class:`SpendEntry`: one per admitted job, plus corrections when runs
-end) within the current day and month, so a burst crossing the budget is cut exactly where the next
-job would go over: jobs admitted earlier in the same cycle are in the ledger already.
+At admission a job is charged its priced estimate (``Workload.estimated_usd``); a job that costs nothing
+(an owned host, a dry-run provider that only simulates it) is never held nor alerted by a money budget.
+The spend it is checked against is the namespace's ledger (:class:`SpendEntry`: one per admitted job,
+plus corrections when runs end) within the current day and month, so a burst crossing the budget is cut
+exactly where the next job would go over: jobs admitted earlier in the same cycle are in the ledger already.
 
 Burn (:func:`burn`): spend today, month to date, and the projected month-end spend, which extrapolates
 the month-to-date average daily rate (over at least one day) to the end of the month.
@@ -74,7 +75,8 @@ class SpendEntry:
 @dataclass(frozen=True, slots=True)
 class Burn:
     """Spend of one namespace as of ``now``: ``today_usd`` (UTC day), ``month_usd`` (month to date),
-    ``daily_rate_usd`` (month-to-date average per day) and ``projected_month_usd``."""
+    ``daily_rate_usd`` (month-to-date average per day) and ``projected_month_usd``; ``dry_run_*`` is the
+    simulated spend of its dry-run jobs, kept apart (the caller fills it in)."""
 
     namespace: str
     now: datetime
@@ -85,6 +87,8 @@ class Burn:
     daily_limit_usd: float | None = None
     monthly_limit_usd: float | None = None
     enforcement: str | None = None
+    dry_run_today_usd: float = 0.0  # simulated spend of dry-run jobs: apart, in no limit nor projection
+    dry_run_month_usd: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -97,6 +101,8 @@ class Burn:
             "daily_limit_usd": self.daily_limit_usd,
             "monthly_limit_usd": self.monthly_limit_usd,
             "enforcement": self.enforcement,
+            "dry_run_today_usd": round(self.dry_run_today_usd, 6),
+            "dry_run_month_usd": round(self.dry_run_month_usd, 6),
         }
 
 
@@ -170,6 +176,8 @@ def burn(namespace: str, entries: Iterable[SpendEntry], now: datetime, budget: B
 
 
 def _over(w: Workload, budget: Budget, entries: Sequence[SpendEntry], now: datetime) -> str | None:
+    if w.estimated_usd <= 0:  # costs nothing (owned host, dry-run provider): a money budget has no say
+        return None
     b = burn(w.namespace, entries, now, budget)
     for period, limit, spent, resets in (
         ("daily", budget.daily_usd, b.today_usd, _day_start(now) + timedelta(days=1)),

@@ -42,13 +42,22 @@ from .errors import map_errors
 from .images import AZURE_IMAGES, pick
 
 __all__ = ["AzureProvider", "parse_retail_prices", "DEFAULT_PRICES_URL", "accelerator_of", "power_state",
-           "CUSTOM_DATA_MAX_BYTES", "VNET_PREFIX", "SUBNET_PREFIX"]
+           "CUSTOM_DATA_MAX_BYTES", "VNET_PREFIX", "SUBNET_PREFIX", "GPU_DRIVER_EXTENSION",
+           "GPU_DRIVER_EXTENSION_NAME", "GPU_DRIVERS"]
 
 DEFAULT_PRICES_URL = "https://prices.azure.com/api/retail/prices"
 PRICES_API_VERSION = "2023-01-01-preview"
 CUSTOM_DATA_MAX_BYTES = 64 * 1024  # osProfile.customData: at most 65535 bytes before base64
 VNET_PREFIX = "10.77.0.0/16"  # the adapter's own VNet per region when no subnet_id is configured
 SUBNET_PREFIX = "10.77.0.0/20"
+# The NVIDIA GPU Driver Extension for Linux (Microsoft Learn, "NVIDIA GPU Driver Extension for Linux"): installs
+# the CUDA driver on N-series VMs of a supported Ubuntu/RHEL image after boot, and may reboot the VM to load it.
+GPU_DRIVER_EXTENSION_NAME = "NvidiaGpuDriverLinux"
+GPU_DRIVER_EXTENSION: dict[str, Any] = {"publisher": "Microsoft.HpcCompute", "type": "NvidiaGpuDriverLinux",
+                                        "typeHandlerVersion": "1.6", "autoUpgradeMinorVersion": True,
+                                        "settings": {}}
+GPU_DRIVERS = ("extension", "image", "both")  # how a GPU VM gets its NVIDIA driver (the gpu_driver option)
+GPU_DRIVER_WAIT_SECONDS = 1800  # how long a job's script waits for the extension's driver before giving up
 DEFAULT_IMAGE = {"publisher": "Canonical", "offer": "0001-com-ubuntu-server-jammy", "sku": "22_04-lts-gen2",
                  "version": "latest"}
 _CONTINENT = {"eastus": "na", "eastus2": "na", "westus": "na", "westus2": "na", "westus3": "na",
@@ -142,7 +151,13 @@ class AzureProvider:
     resource id, or ``{region: id}``); without one the adapter creates a VNet ``hb-vnet-<region>``
     (``10.77.0.0/16``) with subnet ``default`` in ``resource_group`` per region. The resource group itself
     is created (in the first region) when missing. The admin account takes ``ssh_public_key``, else a key
-    made here whose private half is discarded."""
+    made here whose private half is discarded.
+
+    GPU VMs get their NVIDIA driver per ``gpu_driver``: ``extension`` (default) boots the CPU image of the
+    arch (or ``images["amd64-gpu"]`` when given) and adds the NVIDIA GPU Driver Extension
+    (:data:`GPU_DRIVER_EXTENSION`, one ``PUT .../virtualMachines/{vm}/extensions/NvidiaGpuDriverLinux``, not
+    waited for); the job's script waits for ``nvidia-smi`` before it runs the command. ``image`` boots the
+    Ubuntu-HPC image (driver built in, no extension); ``both`` does both."""
 
     name = "azure"
     capabilities = frozenset(
@@ -166,7 +181,15 @@ class AzureProvider:
         ssh_public_key: str | None = None,
         max_runtime_hours: float | None = None,
         images: Mapping[str, Mapping[str, str]] | None = None,
+        gpu_driver: str = "extension",
     ) -> None:
+        if gpu_driver not in GPU_DRIVERS:
+            from broker.errors import InvalidRequestError
+
+            raise InvalidRequestError(f"azure: gpu_driver {gpu_driver!r} is not one of {', '.join(GPU_DRIVERS)}. "
+                                      "To fix: set BROKER_AZURE_GPU_DRIVER to extension, image or both.",
+                                      provider="azure")
+        self.gpu_driver = gpu_driver
         sub = subscription_id or os.environ.get("AZURE_SUBSCRIPTION_ID")
         if not sub:
             raise AuthError(
@@ -378,13 +401,14 @@ class AzureProvider:
         }
         if job is not None and job.command:
             script = script_for(job, "azure", max_bytes=CUSTOM_DATA_MAX_BYTES, spot=offer.capacity is Capacity.SPOT,
-                                max_runtime_hours=self.max_runtime_hours)
+                                max_runtime_hours=self.max_runtime_hours,
+                                wait_gpu_driver_seconds=GPU_DRIVER_WAIT_SECONDS if self._driver_extension(offer)
+                                else None)
             os_profile["customData"] = base64.b64encode(script.encode()).decode()
         props: dict[str, Any] = {
             "hardwareProfile": {"vmSize": offer.instance_type.name},
             "storageProfile": {
-                "imageReference": self.image or dict(pick("azure", offer.instance_type, AZURE_IMAGES, self.images,
-                                                          region=offer.region)),
+                "imageReference": self.image or self._image(offer),
                 "osDisk": {"createOption": "FromImage", "deleteOption": "Delete",
                            "managedDisk": {"storageAccountType": "StandardSSD_LRS"}},
             },
@@ -399,6 +423,26 @@ class AzureProvider:
         if offer.location.zone:
             body["zones"] = [offer.location.zone]
         return body
+
+    def _driver_extension(self, offer: Offer) -> bool:
+        """Whether a VM of ``offer`` gets the NVIDIA GPU Driver Extension (a GPU type, ``gpu_driver`` not
+        ``image``)."""
+        return bool(offer.instance_type.gpus) and self.gpu_driver in ("extension", "both")
+
+    def _image(self, offer: Offer) -> dict[str, str]:
+        """The image reference of ``offer``'s VM (see the class docstring for GPU types)."""
+        shape = offer.instance_type
+        if shape.gpus and self.gpu_driver == "extension" and "amd64-gpu" not in self.images and shape.arch != "arm64":
+            shape = dataclasses.replace(shape, gpus=0)  # the extension brings the driver: the plain image
+        return dict(pick("azure", shape, AZURE_IMAGES, self.images, region=offer.region))
+
+    def _add_driver_extension(self, region: str, name: str, tags: Mapping[str, str], request_id: str) -> None:
+        """``PUT`` the NVIDIA GPU Driver Extension on VM ``name`` (idempotent; the install is not waited for:
+        the job's script waits for the driver, and a VM deleted meanwhile takes its extensions with it)."""
+        body = {"location": region, "tags": dict(tags), "properties": dict(GPU_DRIVER_EXTENSION)}
+        with self._client(region, request_id) as c:
+            c.virtual_machine_extensions.begin_create_or_update(
+                self.resource_group, name, GPU_DRIVER_EXTENSION_NAME, body, polling=False)
 
     def _generated_key(self) -> str:
         with self._lock:
@@ -442,6 +486,8 @@ class AzureProvider:
         for name in names:
             if name in have:
                 made.append(have[name])
+                if self._driver_extension(offer):  # a retried launch: the PUT is idempotent
+                    self._add_driver_extension(offer.region, name, all_tags, request_id)
                 continue
             nic_id = self._nic(offer.region, name, all_tags, request_id)
             try:
@@ -449,6 +495,8 @@ class AzureProvider:
                     poller = c.virtual_machines.begin_create_or_update(
                         self.resource_group, name, self._vm_body(offer, name, all_tags, nic_id, job))
                     made.append(poller.result())
+                if self._driver_extension(offer):
+                    self._add_driver_extension(offer.region, name, all_tags, request_id)
             except ProviderError:
                 # a VM that failed to be created leaves its NIC behind: delete it (the VM, if any, is
                 # found by tag and deleted by the failover cleanup)

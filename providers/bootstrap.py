@@ -97,6 +97,7 @@ def job_script(
     provider: str = "aws",
     max_bytes: int | None = None,
     watch_interruptions: bool = False,
+    wait_gpu_driver_seconds: int | None = None,
 ) -> str:
     """The start-up script of a job's VM (see the module docstring). ``workdir`` is created when missing (a
     fresh ``mktemp -d`` directory when ``None``); if it cannot be entered the command does not run and the
@@ -108,6 +109,14 @@ def job_script(
     SIGTERM (its cue to checkpoint; ``HB_CHECKPOINT_PATH`` names where, when the job spec has one) and the
     console gets ``HB-PREEMPTED=1`` before the exit code, so the broker places the job again instead of
     counting a failure.
+
+    ``wait_gpu_driver_seconds`` (a GPU VM whose driver a VM extension installs after boot: Azure's
+    ``NvidiaGpuDriverLinux``) makes the script wait until ``nvidia-smi`` works, polling every
+    ``$HB_GPU_POLL`` seconds (default 10), before the command runs; past the limit the command does not run,
+    the exit code is 125 and the log says why. As the extension may reboot the VM to load the driver, the
+    script first copies itself to cloud-init's per-boot directory (``$HB_PER_BOOT_DIR``, default
+    ``/var/lib/cloud/scripts/per-boot``) so it starts again after that reboot, and marks the start of the
+    command in ``$HB_STATE_DIR`` (default ``/var/lib/hybrid-broker``) so it never runs twice.
 
     Raises :class:`InvalidRequestError` for an empty command, an env name that is empty or holds ``=``, a NUL
     byte anywhere, or a script over ``max_bytes`` (the cloud's limit on user/custom data)."""
@@ -139,7 +148,25 @@ def job_script(
         'hb_log="$(mktemp "${TMPDIR:-/tmp}/hb-log.XXXXXX")" || hb_log=/dev/null',
         'hb_notice="$hb_log.preempted"',
         f"hb_wd={wd}",
-        'if [ -n "$hb_wd" ] && mkdir -p "$hb_wd" && cd "$hb_wd"; then',
+        "hb_ready=1",
+    ]
+    if wait_gpu_driver_seconds:
+        lines += [
+            'hb_state="${HB_STATE_DIR:-/var/lib/hybrid-broker}"; hb_boot="${HB_PER_BOOT_DIR:-/var/lib/cloud/scripts/'
+            'per-boot}"',
+            '[ -e "$hb_state/job.started" ] && exit 0  # started before a reboot: this boot has nothing to do',
+            'mkdir -p "$hb_boot" "$hb_state" 2>/dev/null; [ "$0" -ef "$hb_boot/hb-job.sh" ] || '
+            '{ cp "$0" "$hb_boot/hb-job.sh" && chmod 700 "$hb_boot/hb-job.sh"; } 2>/dev/null',
+            "hb_t0=$(date +%s)",
+            f'until nvidia-smi >/dev/null 2>&1 || [ $(($(date +%s) - hb_t0)) -ge {int(wait_gpu_driver_seconds)} ]; do',
+            '  sleep "${HB_GPU_POLL:-10}"',
+            "done",
+            'rm -f "$hb_boot/hb-job.sh"; : > "$hb_state/job.started"',
+            f'nvidia-smi >/dev/null 2>&1 || {{ echo "hb: no working NVIDIA driver (nvidia-smi) after '
+            f'{int(wait_gpu_driver_seconds)} s: the GPU driver extension did not finish" > "$hb_log"; hb_ready=0; }}',
+        ]
+    lines += [
+        'if [ "$hb_ready" = 1 ] && [ -n "$hb_wd" ] && mkdir -p "$hb_wd" && cd "$hb_wd"; then',
         "  hb_limit=''",
         f"  command -v timeout >/dev/null 2>&1 && hb_limit={shlex.quote(limit)}",
     ]
@@ -193,15 +220,16 @@ def job_script(
 
 
 def script_for(job: JobSpec, provider: str, *, max_bytes: int, spot: bool = False,
-               max_runtime_hours: float | None = None) -> str:
+               max_runtime_hours: float | None = None, wait_gpu_driver_seconds: int | None = None) -> str:
     """:func:`job_script` of ``job`` for ``provider``: its command, env (plus ``HB_CHECKPOINT_PATH`` when the
-    spec has a checkpoint), workdir and runtime limit, watching interruptions on spot capacity."""
+    spec has a checkpoint), workdir and runtime limit, watching interruptions on spot capacity, waiting for
+    the GPU driver when ``wait_gpu_driver_seconds`` is given."""
     env = dict(job.env)
     if job.checkpoint is not None and getattr(job.checkpoint, "path", None):
         env.setdefault("HB_CHECKPOINT_PATH", str(job.checkpoint.path))
     return job_script(job.command, env, job.workdir, provider=provider, max_bytes=max_bytes,
                       runtime_limit_seconds=runtime_limit_seconds(job, max_runtime_hours),
-                      watch_interruptions=spot)
+                      watch_interruptions=spot, wait_gpu_driver_seconds=wait_gpu_driver_seconds)
 
 
 def parse_exit_code(console: str) -> int | None:

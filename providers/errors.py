@@ -6,10 +6,11 @@ One context manager, :func:`map_errors`, used around every SDK call::
         ec2.run_instances(...)
 
 It recognises botocore ``ClientError`` codes (and connection/credential errors), azure-core
-``HttpResponseError`` (by ARM error code, then HTTP status), libcloud exceptions (typed classes, then the
-``Code: message`` text its EC2 driver raises) and httpx errors. The **most specific match wins**: an error
-code beats an HTTP status, which beats the exception class. It raises ``Mapped(msg) from exc`` carrying
-provider, region, request id, HTTP status, the provider's code and ``retryable``.
+``HttpResponseError`` (by ARM error code, then HTTP status), google-auth refresh/transport errors, libcloud
+exceptions (typed classes, then the ``Code: message`` text its EC2 driver raises) and httpx errors. The
+**most specific match wins**: an error code beats an HTTP status, which beats the exception class. It raises
+``Mapped(msg) from exc`` carrying provider, region, request id, HTTP status, the provider's code and
+``retryable``.
 
 SDKs are imported lazily and only if already loaded, so this module works without boto3 or Azure.
 """
@@ -193,6 +194,17 @@ def _classify(exc: BaseException) -> tuple[type[ProviderError] | None, str | Non
     azure_identity = _mod("azure.identity")
     if azure_identity is not None and isinstance(exc, azure_identity.CredentialUnavailableError):
         return AuthError, "CredentialUnavailable", None
+
+    gauth_exc = _mod("google.auth.exceptions")  # google-auth: ADC / workload identity token refresh
+    if gauth_exc is not None:
+        if isinstance(exc, gauth_exc.RefreshError | gauth_exc.OAuthError):  # OAuthError: an STS/token refusal
+            oauth = re.search(r"Error code (\w+)", str(exc))
+            code = oauth.group(1) if oauth else type(exc).__name__
+            return (TransientError if getattr(exc, "retryable", False) else AuthError), code, None
+        if isinstance(exc, gauth_exc.TransportError):
+            return TransientError, type(exc).__name__, None
+        if isinstance(exc, gauth_exc.DefaultCredentialsError):
+            return AuthError, "DefaultCredentials", None
 
     google_exc = _mod("libcloud.common.google")
     if google_exc is not None:

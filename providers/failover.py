@@ -13,6 +13,10 @@
 * ``AuthError`` -> stop at once (retrying or failing over with the same credentials will not help);
 * ``InvalidRequestError`` -> this option cannot work as asked; move on without retrying.
 
+When no option launched and every option was really tried (none skipped for a block that an *earlier* call
+set, which may expire), the outcome is ``exhausted``: the broker then fails the job with
+:func:`exhausted_reason` instead of backing it off to try the same list again.
+
 Every attempt is returned as an :class:`broker.model.Attempt`. When the call gives up, everything created
 for ``request_id`` on any provider touched (found by the ``hb-request`` tag) is terminated, so nothing is
 orphaned; on success, instances left by *other* failed options of the same request are terminated too.
@@ -20,6 +24,7 @@ orphaned; on success, instances left by *other* failed options of the same reque
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -40,7 +45,7 @@ from broker.model import Attempt, Instance, JobSpec, PlacementOption, RetryPolic
 from .base import TAG_REQUEST, Capability, Provider, offer_from_option
 from .errors import map_exception
 
-__all__ = ["Blocklist", "ProvisionOutcome", "provision", "backoff_delay"]
+__all__ = ["Blocklist", "ProvisionOutcome", "provision", "backoff_delay", "exhausted_reason"]
 
 
 
@@ -106,12 +111,14 @@ class Blocklist:
 @dataclass(frozen=True)
 class ProvisionOutcome:
     """The result of :func:`provision`: the instances and the option that got them (``option`` is ``None``
-    and ``error`` set when every option failed), and every attempt in order."""
+    and ``error`` set when every option failed), and every attempt in order. ``exhausted`` is true when no
+    option launched although every one was tried (see the module docstring)."""
 
     instances: list[Instance]
     option: PlacementOption | None
     attempts: list[Attempt] = field(default_factory=list)
     error: ProviderError | None = None
+    exhausted: bool = False
 
     @property
     def ok(self) -> bool:
@@ -122,6 +129,22 @@ def backoff_delay(retry: RetryPolicy, n: int, rng: random.Random) -> float:
     """Seconds to wait before retry number ``n`` (0-based): ``min(max, base * 2**n) * U[0.5, 1.0]``."""
     base = min(retry.max_retry_delay_seconds, retry.retry_delay_seconds * (2.0 ** min(n, 60)))
     return base * rng.uniform(0.5, 1.0)
+
+
+def exhausted_reason(attempts: Sequence[Attempt]) -> str:
+    """One line saying why every option failed, option by option in the order tried:
+    ``every placement option failed: aws:us-east-1 m5.large on-demand: 3 transient errors (gave up after 2
+    retries): <last message>; ...``."""
+    by: dict[tuple[str, str, str, str], list[Attempt]] = {}
+    for a in attempts:
+        by.setdefault((a.provider, a.region, a.instance_type, a.capacity), []).append(a)
+    parts = []
+    for (provider, region, itype, capacity), got in by.items():
+        last = got[-1]
+        kinds = [a.outcome for a in got]
+        count = f"{len(kinds)} {last.outcome} errors" if len(kinds) > 1 else f"{last.outcome} error"
+        parts.append(f"{provider}:{region} {itype} {capacity}: {count}: {last.message[:240]}")
+    return f"every placement option failed ({len(by)} tried): " + "; ".join(parts)
 
 
 def provision(
@@ -149,6 +172,8 @@ def provision(
     attempts: list[Attempt] = []
     touched: dict[str, Provider] = {}  # providers where a launch failed: the ones that may hold orphans
     last_error: ProviderError | None = None
+    mine: set[tuple[str, ...]] = set()  # offers/regions blocked by this call (their skips count as tried)
+    waited_out = False  # an option was skipped for an earlier call's block: the list is not exhausted
 
     def record(option: PlacementOption, outcome: str, message: str = "", delay: float = 0.0,
                retryable: bool = False) -> None:
@@ -170,6 +195,7 @@ def provision(
         why = blocks.reason(option)
         if why is not None:
             record(option, "skipped", f"blocked: {why}")
+            waited_out |= not ({blocks.offer_key(option), blocks.region_key(option)} & mine)
             continue
         try:
             provider = get_provider(option.provider)
@@ -212,6 +238,7 @@ def provision(
                         record(option, "transient", f"{err} ({why}; trying the next option)", retryable=True)
                         blocks.block(blocks.offer_key(option), max(after, retry.max_retry_delay_seconds),
                                      f"transient errors: {err}")
+                        mine.add(blocks.offer_key(option))
                         _cleanup_provider(provider, request_id, keep=())
                         break
                     delay = max(backoff_delay(retry, retries_used, rand), after)
@@ -222,8 +249,10 @@ def provision(
                 record(option, err.kind, str(err), retryable=err.retryable)
                 if isinstance(err, CapacityError):
                     blocks.block_offer(option, str(err))
+                    mine.add(blocks.offer_key(option))
                 elif isinstance(err, QuotaError):
                     blocks.block_region(option, str(err))
+                    mine.add(blocks.region_key(option))
                 elif isinstance(err, AuthError):
                     return _abandon(touched, request_id, attempts, err)
                 elif isinstance(err, InvalidRequestError):
@@ -243,7 +272,9 @@ def provision(
             "to expire, or widen the job's placement (providers, regions, spot).",
             request_id=request_id,
         )
-    return _abandon(touched, request_id, attempts, last_error)
+        waited_out = True
+    out = _abandon(touched, request_id, attempts, last_error)
+    return dataclasses.replace(out, exhausted=not waited_out and not isinstance(last_error, AuthError))
 
 
 def _cleanup_provider(provider: Provider, request_id: str, keep: Sequence[str] | set[str]) -> None:

@@ -437,7 +437,8 @@ class GcpProvider:
                     provider="gcp",
                 ) from exc
         elif credentials is None:  # ADC: gcloud login, workload identity federation, GKE/GCE metadata server
-            credentials, adc_project = _default_credentials(path)
+            known = project or os.environ.get("GOOGLE_CLOUD_PROJECT")
+            credentials, adc_project = _default_credentials(path, find_project=not known)
             adc_project = adc_project or getattr(credentials, "quota_project_id", None)
             key = {"project_id": adc_project} if adc_project else {}
         proj = project or os.environ.get("GOOGLE_CLOUD_PROJECT") or key.get("project_id")
@@ -861,10 +862,15 @@ class GcpProvider:
             return out
 
 
-def _default_credentials(path: str | None) -> tuple[Any, str | None]:
+def _default_credentials(path: str | None, *, find_project: bool = True) -> tuple[Any, str | None]:
     """google-auth credentials and project from ``path`` (an ADC file that is not a service-account key:
     ``authorized_user``, ``external_account`` for workload identity federation, ``impersonated_service_account``)
-    or from Application Default Credentials (gcloud's ADC file, the GKE/GCE metadata server)."""
+    or from Application Default Credentials (gcloud's ADC file, the GKE/GCE metadata server).
+
+    ``find_project=False`` when the caller knows the project. Design choice: google-auth's loader looks an
+    ``external_account``'s project up at once (an STS exchange plus a Resource Manager call, at construction);
+    when the project is known, the credentials are built from the file without that, and the token exchange
+    happens at the first API call."""
     try:
         import google.auth
         from google.auth.exceptions import DefaultCredentialsError
@@ -872,16 +878,33 @@ def _default_credentials(path: str | None) -> tuple[Any, str | None]:
         raise AuthError("gcp: Application Default Credentials need google-auth. To fix: pip install "
                         "'hybrid-broker[gcp]' (or use a service-account key).", provider="gcp") from exc
     try:
+        if path and not find_project:
+            loaded = json.loads(Path(path).read_text())
+            if isinstance(loaded, dict) and loaded.get("type") == "external_account":
+                return _external_account(loaded), None
         if path:
             return google.auth.load_credentials_from_file(path, scopes=SCOPES)
         return google.auth.default(scopes=SCOPES)
-    except DefaultCredentialsError as exc:
+    except (DefaultCredentialsError, ValueError, KeyError) as exc:  # from_info: ValueError on a bad config
         raise AuthError(
             f"gcp: no usable credentials ({exc}). To fix: set GOOGLE_APPLICATION_CREDENTIALS to a service-account "
             "key or a workload identity configuration, run `gcloud auth application-default login`, or run on "
             "GCE/GKE with a service account.",
             provider="gcp",
         ) from exc
+
+
+def _external_account(info: Mapping[str, Any]) -> Any:
+    """Workload identity federation credentials of an ``external_account`` file, as google-auth builds them
+    (AWS, executable-sourced or file/URL-sourced subject tokens), scoped to :data:`SCOPES`."""
+    from google.auth import aws, identity_pool, pluggable
+
+    source = info.get("credential_source") or {}
+    if info.get("subject_token_type") == "urn:ietf:params:aws:token-type:aws4_request":
+        return aws.Credentials.from_info(info, scopes=SCOPES)
+    if isinstance(source, Mapping) and source.get("executable") is not None:
+        return pluggable.Credentials.from_info(info, scopes=SCOPES)
+    return identity_pool.Credentials.from_info(info, scopes=SCOPES)
 
 
 def _continent(region: str) -> str:

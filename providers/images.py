@@ -11,7 +11,9 @@ cloud     CPU                                                 GPU (NVIDIA driver
 aws       Amazon Linux 2023 (``al2023-ami-2023*-<arch>``)     AWS Deep Learning Base OSS Nvidia Driver GPU AMI
                                                               (Amazon Linux 2023; ARM64 variant for Graviton)
 azure     Canonical Ubuntu 22.04 (``22_04-lts-gen2`` /         Ubuntu HPC 22.04 (``microsoft-dsvm:ubuntu-hpc``:
-          ``22_04-lts-arm64``)                                NVIDIA driver, CUDA, InfiniBand)
+          ``22_04-lts-arm64``)                                NVIDIA driver, CUDA, InfiniBand) with the adapter's
+                                                              ``gpu_driver="image"``; by default the CPU image
+                                                              plus the NVIDIA GPU Driver Extension
 gcp       Debian 12 (``debian-12`` / ``debian-12-arm64``)      Deep Learning VM (``deeplearning-platform-release``
                                                               family ``common-cu124-debian-11-py310``, with
                                                               metadata ``install-nvidia-driver=True``)

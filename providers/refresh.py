@@ -54,6 +54,7 @@ _ENV_OPTIONS: Mapping[str, tuple[tuple[str, str, bool], ...]] = {
         ("BROKER_AZURE_RESOURCE_GROUP", "resource_group", False),
         ("BROKER_AZURE_SUBNET_ID", "subnet_id", False),
         ("BROKER_AZURE_SSH_PUBLIC_KEY", "ssh_public_key", False),
+        ("BROKER_AZURE_GPU_DRIVER", "gpu_driver", False),
         ("BROKER_MAX_RUNTIME_HOURS", "max_runtime_hours", False),
     ),
     "gcp": (

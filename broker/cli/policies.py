@@ -134,14 +134,17 @@ def register(app: typer.Typer) -> None:
         namespace: Annotated[str, typer.Argument(help="the namespace")],
         as_json: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
-        """Budget limits, spend today and this month, and the projected month-end spend."""
+        """Budget limits, spend today and this month, and the projected month-end spend; dry-run jobs'
+        simulated spend on a line of its own (it counts against no budget)."""
         with _client() as client:
             data = client._json("GET", f"/v1/namespaces/{namespace}/budget")
         b = data["burn"]
         lines = [f"{x['name']}: daily ${x['dailyUSD']} monthly ${x['monthlyUSD']} ({x['enforcement']})"
                  for x in data["budgets"]] or ["no budget"]
         lines += [f"today ${b['today_usd']:.2f}  month ${b['month_usd']:.2f}  "
-                  f"rate ${b['daily_rate_usd']:.2f}/day  projected ${b['projected_month_usd']:.2f}"]
+                  f"rate ${b['daily_rate_usd']:.2f}/day  projected ${b['projected_month_usd']:.2f}",
+                  f"dry-run (simulated, not in the budget): today ${b.get('dry_run_today_usd', 0.0):.2f}  "
+                  f"month ${b.get('dry_run_month_usd', 0.0):.2f}"]
         _print(data, as_json, lines)
 
     @group.command("allow")

@@ -329,7 +329,8 @@ def register(app: typer.Typer) -> None:
         namespace: NamespaceOpt = None,
         stderr: Annotated[bool, typer.Option("--stderr", help="show stderr instead of stdout")] = False,
     ) -> None:
-        """Print the output of a job's on-prem run."""
+        """Print the output of a job's run: an on-prem run's stdout (or stderr) file, a cloud run's log tail
+        (stdout and stderr together) as its VM reported it when it ended."""
         with _client() as client:
             text = client.logs(_namespace(client, namespace), job_id, stream="stderr" if stderr else "stdout")
         typer.echo(text, nl=False)

@@ -5,6 +5,7 @@ fed by finished runs; the deadline premium; preemption with checkpoint and resto
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import time
@@ -19,7 +20,10 @@ import sqlalchemy as sa
 import yaml
 
 from broker.clock import Clock, ManualClock, SystemClock
+from broker.model import Instance
 from broker.store import JobRow
+from providers.base import Capability
+from providers.dryrun import DryRunProvider
 from tests.broker.service_support import ADMIN_H, job_doc, make_app, serve_in_thread
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,14 +41,29 @@ LOCAL_2CPU = {"name": "localhost", "site": "local", "vcpus": 2, "memory_gib": 4,
               "owned_usd_per_hour": 0, "local": True}
 
 
+class BilledClockRuns(DryRunProvider):
+    """Runs that succeed after their ``durationHours`` on the clock, as :class:`DryRunProvider`'s do, but
+    **billed** (not dry-run): a stand-in for a cloud whose VMs run the estimate, so budgets see real spend."""
+
+    def __init__(self, name: str, *, clock: Clock) -> None:
+        super().__init__(name, clock=clock)
+        self.capabilities = (self.capabilities - {Capability.DRY_RUN}) | {Capability.RUNS_WORK}
+
+    def launch(self, *args: Any, **kwargs: Any) -> list[Instance]:
+        return [dataclasses.replace(i, dry_run=False) for i in super().launch(*args, **kwargs)]
+
+    def instances(self, tags: Any = None) -> list[Instance]:
+        return [dataclasses.replace(i, dry_run=False) for i in super().instances(tags)]
+
+
 class Broker:
-    """A broker app on a real uvicorn with a clock, the on-prem pool of ``hosts`` and a dry-run ``aws``
-    (runs succeed after their ``durationHours`` on the clock); the scheduler is driven by hand."""
+    """A broker app on a real uvicorn with a clock, the on-prem pool of ``hosts``, a billed ``aws`` and a
+    dry-run ``gcp`` (runs of both succeed after their ``durationHours`` on the clock); the scheduler is
+    driven by hand."""
 
     def __init__(self, tmp_path: Path, store_url: str, *, clock: Clock, hosts: list[dict[str, Any]] | None = None,
                  sites: list[dict[str, Any]] | None = None, grace_seconds: float = 5.0) -> None:
         import pricing
-        from providers.dryrun import DryRunProvider
         from providers.onprem import OnPremPool
 
         self.clock = clock
@@ -52,7 +71,8 @@ class Broker:
         inventory = pricing.load_inventory(inventory_path)
         self.pool = OnPremPool(inventory, tmp_path / "data", clock=clock, grace_seconds=grace_seconds)
         self.app = make_app(tmp_path, store_url, clock=clock, inventory=inventory_path,
-                            providers={"onprem": self.pool, "aws": DryRunProvider("aws", clock=clock)})
+                            providers={"onprem": self.pool, "aws": BilledClockRuns("aws", clock=clock),
+                                       "gcp": DryRunProvider("gcp", clock=clock)})
         self.hb = self.app.state.hb
         self.scheduler = self.hb.scheduler
 
@@ -170,6 +190,52 @@ def test_budgets_at_admission(broker: Broker, enforcement: str, second_state: st
     assert any(e["reason"].startswith(event_prefix) for e in got["events"]), got["events"]
     if enforcement == "hard":
         assert got["held_reason"].startswith("BudgetExceeded:")
+
+
+def test_dry_run_jobs_consume_no_budget_and_their_spend_is_shown_apart(
+        broker: Broker, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    ns = broker.tenant()
+    (real,) = broker.submit(ns, job_doc("real", cpu="4", memory="8Gi", providers=["aws"], hours=10))
+    broker.scheduler.run_cycle()
+    cost = broker.get(ns, real)["cost"]["total_usd"]
+    assert cost > 0 and broker.get(ns, real)["dry_run"] is False
+    broker.apply(budget(ns, cost * 1.5, "hard"))
+    # three simulated jobs, each dearer than what is left of the budget: admitted, as they bill nothing
+    sims = broker.submit(ns, *[job_doc(f"sim-{i}", cpu="4", memory="8Gi", providers=["gcp"], hours=10)
+                               for i in range(3)])
+    broker.scheduler.run_cycle()
+    got = [broker.get(ns, s) for s in sims]
+    assert [(g["state"], g["dry_run"], g["held_reason"]) for g in got] == [("RUNNING", True, None)] * 3
+    simulated = sum(g["cost"]["total_usd"] for g in got)
+    assert simulated > cost * 0.5, "they would have crossed the budget had they counted"
+    # the real spend still counts: a second billed job over the budget is held
+    (held,) = broker.submit(ns, job_doc("real-2", cpu="4", memory="8Gi", providers=["aws"], hours=10))
+    broker.scheduler.run_cycle()
+    assert broker.get(ns, held)["held_reason"].startswith("BudgetExceeded: daily budget of")
+    burn = broker.client.get(f"/v1/namespaces/{ns}/budget", headers=ADMIN_H).json()["burn"]
+    assert burn["today_usd"] == pytest.approx(cost, rel=1e-6)
+    assert burn["dry_run_today_usd"] == pytest.approx(simulated, rel=1e-6)
+    assert burn["dry_run_month_usd"] == pytest.approx(simulated, rel=1e-6)
+    # the runs end 1 h late: the simulated correction stays simulated, the real one is real
+    broker.clock.advance(11 * 3600)  # type: ignore[attr-defined]
+    broker.scheduler.run_cycle()
+    assert [broker.state(s) for s in sims] == ["SUCCEEDED"] * 3 and broker.state(real) == "SUCCEEDED"
+    kinds = {r.job_id: r.kind for r in broker.sql("SELECT job_id, kind FROM policy_spend")}
+    assert kinds == {real: "actual"} | {s: "dry-run" for s in sims}
+    burn = broker.client.get(f"/v1/namespaces/{ns}/budget", headers=ADMIN_H).json()["burn"]
+    assert burn["today_usd"] == pytest.approx(cost * 1.1, rel=1e-3)
+    assert burn["dry_run_today_usd"] == pytest.approx(simulated * 1.1, rel=1e-3)
+    # the CLI shows the two apart
+    from broker.cli import main
+
+    monkeypatch.setenv("BROKER_URL", str(broker.client.base_url).rstrip("/"))
+    monkeypatch.setenv("BROKER_TOKEN", ADMIN_H["Authorization"].split()[1])
+    with pytest.raises(SystemExit) as exc:
+        main(["policies", "budget", ns])
+    out = capsys.readouterr().out
+    assert exc.value.code in (0, None)
+    assert f"today ${cost * 1.1:.2f}" in out
+    assert f"dry-run (simulated, not in the budget): today ${simulated * 1.1:.2f}" in out
 
 
 def test_an_on_prem_only_job_is_held_by_a_reservation_for_another_class(broker: Broker) -> None:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import random
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,10 +18,11 @@ import sqlalchemy as sa
 from broker.clock import ManualClock
 from broker.errors import CapacityError, TransientError
 from broker.lifecycle import submit_jobs
-from broker.model import InstanceState, JobState
+from broker.model import InstanceState, JobState, RetryPolicy
 from broker.spec import parse_job_spec
 from broker.store import JobRow
 from providers.dryrun import DryRunProvider
+from providers.failover import backoff_delay
 from providers.fake import FakeProvider
 from providers.onprem import OnPremPool
 from tests.broker.service_support import ADMIN_H, job_doc, make_app, serve_in_thread
@@ -144,18 +147,63 @@ def test_a_capacity_error_fails_over_to_the_next_alternative(tmp_path: Path, sto
         h.stop_runs()
 
 
-def test_transient_provider_errors_back_off_then_retry_until_the_limit(tmp_path: Path, store_url: str) -> None:
+def test_a_stop_ends_a_launch_retry_wait_at_once_and_leaves_the_job_to_reconciliation(
+        tmp_path: Path, store_url: str) -> None:
+    from broker.clock import SystemClock
+    from tests.broker.service_support import make_app
+
+    aws = FakeProvider("aws", fail=lambda *a: TransientError("throttled"))
+    app = make_app(tmp_path, store_url, providers={"aws": aws}, clock=SystemClock())
+    hb = app.state.hb
+    try:
+        slow = {"backoffLimit": 5, "retryDelaySeconds": 600, "maxRetryDelaySeconds": 600}
+        spec = parse_job_spec(job_doc("slow", providers=["aws"], retry=slow), now=hb.clock.now())
+        with hb.store.tx() as session:
+            [job] = submit_jobs(session, NS, [spec], now=hb.clock.now(), spec_docs=[json.dumps(spec.raw)])
+        stop = threading.Event()
+        loop = threading.Thread(target=hb.scheduler.run_forever, args=(stop,), daemon=True)
+        loop.start()
+        deadline = time.monotonic() + 20
+        while not aws.launch_calls:  # the first try failed: the launch now waits 300-600 s to be retried
+            assert time.monotonic() < deadline, "the scheduler never tried the launch"
+            time.sleep(0.05)
+        stop.set()
+        loop.join(10)
+        assert not loop.is_alive(), "the stop ended the retry wait"
+        assert len(aws.launch_calls) == 1
+        with hb.store.read() as session:
+            row = session.get(JobRow, job["id"])
+            # neither failed nor charged a retry by the shutdown: left to the next start's reconciliation
+            assert row is not None and (row.state, row.retries) == ("PROVISIONING", 0)
+    finally:
+        hb.store.dispose()
+
+
+def test_transient_errors_are_retried_per_option_with_the_spec_backoff_then_the_job_fails_saying_why(
+        tmp_path: Path, store_url: str) -> None:
     h = Harness(tmp_path, store_url, aws=FakeProvider("aws", fail=lambda *a: TransientError("throttled")))
     try:
-        (job_id,) = h.submit(job_doc("tr", providers=["aws"],
-                                     retry={"backoffLimit": 1, "retryDelaySeconds": 10, "maxRetryDelaySeconds": 10}))
+        spec_retry = {"backoffLimit": 2, "retryDelaySeconds": 10, "maxRetryDelaySeconds": 15}
+        (job_id,) = h.submit(job_doc("tr", providers=["aws"], retry=spec_retry))
+        h.scheduler.rng.seed(3)
         h.scheduler.run_cycle()
-        assert h.job(job_id).state == "BACKOFF"
-        h.clock.advance(11)
-        h.scheduler.run_cycle()  # requeued at the end of this cycle
-        h.scheduler.run_cycle()  # placed again, fails again, out of retries
-        assert h.job(job_id).state == "FAILED"
-        assert "throttled" in (h.job(job_id).message or "")
+        row = h.job(job_id)
+        assert row.state == "FAILED", "every option was out of its retries: no second round through BACKOFF"
+        attempts = h.detail(job_id)["attempts"]
+        options = list(dict.fromkeys((a["region"], a["instance_type"], a["capacity"]) for a in attempts))
+        assert len(options) >= 2 and [a["outcome"] for a in attempts] == ["transient"] * (3 * len(options))
+        # per option: the first try and backoffLimit=2 retries, delays 10 then min(15, 20) with jitter
+        rng = random.Random(3)
+        retry = RetryPolicy(2, 10, 15)
+        expected = [backoff_delay(retry, n, rng) for _ in options for n in range(2)]
+        assert h.clock.sleeps == expected
+        assert all(5 <= d <= 10 for d in expected[0::2]) and all(7.5 <= d <= 15 for d in expected[1::2])
+        assert [a["delay_seconds"] for a in attempts] == [d for pair in zip(expected[0::2], expected[1::2],
+                                                                           strict=True) for d in (*pair, 0.0)]
+        assert row.message is not None
+        assert row.message.startswith(f"every placement option failed ({len(options)} tried): aws:")
+        assert row.message.count("3 transient errors") == len(options) and "gave up after 2 retries" in row.message
+        assert h.aws.running() == []
     finally:
         h.stop_runs()
 

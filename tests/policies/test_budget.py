@@ -35,6 +35,7 @@ def spent(usd: float, at: datetime = NOW, ns: str = "team-a") -> SpendEntry:
         ([Budget("b", "team-a", daily_usd=100.0, enforcement="soft")], [spent(99)], 50.0, False),
         ([DAILY], [spent(90), spent(-20)], 25.0, False),
         ([DAILY], [], 150.0, True),
+        ([DAILY], [spent(120)], 0.0, False),
     ],
     ids=[
         "reaching the daily limit exactly admits",
@@ -46,6 +47,7 @@ def spent(usd: float, at: datetime = NOW, ns: str = "team-a") -> SpendEntry:
         "a soft budget never holds",
         "refunds lower the spend",
         "a job dearer than the whole budget holds",
+        "a job that costs nothing (dry-run, owned host) is not held even over the budget",
     ],
 )
 def test_hard_budgets_hold(budgets: list, entries: list, cost: float, held: bool) -> None:

@@ -3,7 +3,13 @@ in their documented wire formats (RECIPES §3), served by uvicorn over TLS in a 
 calls, and strict where ARM is: a VM PUT is refused, with ARM's error codes, without an existing resource
 group, a known size, an image, an OS profile with an admin user and an SSH key (or password), valid
 base64 custom data, or an existing, unattached NIC in the VM's region (REST API reference,
-Microsoft.Compute/virtualMachines and Microsoft.Network/networkInterfaces). A VM's custom data runs in a
+Microsoft.Compute/virtualMachines and Microsoft.Network/networkInterfaces). A VM extension PUT
+(``.../virtualMachines/{vm}/extensions/{name}``, REST reference "Virtual Machine Extensions - Create Or
+Update") is refused without a published Microsoft.Compute ``api-version``, for a VM that does not exist, without
+``properties.publisher``/``type``/``typeHandlerVersion`` (strings) or with ``settings`` that is not an object,
+and for an extension the repository does not hold (:data:`EXTENSIONS`); extensions go with their VM. The NVIDIA
+GPU Driver Extension on a GPU size installs the guest's driver (its ``nvidia-smi`` starts to work); on another
+size it ends ``Failed``, as the real one does. A VM's custom data runs in a
 :class:`tests.providers.guest.Guest` once it is provisioned; its serial output is the boot diagnostics log."""
 
 from __future__ import annotations
@@ -23,6 +29,19 @@ from .guest import Guest
 
 CUSTOM_DATA_MAX_CHARS = 87380  # base64 of 65535 bytes
 
+# Microsoft.Compute API versions published for virtualMachines/extensions (the azure-rest-api-specs folders),
+# up to the one azure-mgmt-compute 39 sends (2026-04-01).
+COMPUTE_API_VERSIONS = frozenset({
+    "2015-06-15", "2016-03-30", "2016-04-30-preview", "2017-03-30", "2017-12-01", "2018-04-01", "2018-06-01",
+    "2018-10-01", "2019-03-01", "2019-07-01", "2019-12-01", "2020-06-01", "2020-12-01", "2021-03-01",
+    "2021-04-01", "2021-07-01", "2021-11-01", "2022-03-01", "2022-08-01", "2022-11-01", "2023-03-01",
+    "2023-07-01", "2023-09-01", "2024-03-01", "2024-07-01", "2024-11-01", "2025-04-01", "2026-04-01"})
+# (publisher, type) -> type handler versions the extension repository holds (Microsoft Learn pages of each).
+EXTENSIONS = {
+    ("Microsoft.HpcCompute", "NvidiaGpuDriverLinux"): {"1.2", "1.3", "1.4", "1.5", "1.6", "1.9"},
+    ("Microsoft.HpcCompute", "InfiniBandDriverLinux"): {"1.2"},
+    ("Microsoft.Azure.Extensions", "CustomScript"): {"2.0", "2.1"},
+}
 REGIONS = {"eastus": 1.0, "westeurope": 1.1}
 SKUS = [  # name, vCPUs, MemoryGB, GPUs, restricted in
     ("Standard_D2s_v5", 2, 8, 0, ()),
@@ -381,6 +400,56 @@ def make_app(page_size: int = 4) -> FastAPI:
                 boot(key, vm)
         return {"name": op, "status": "Succeeded"}
 
+    extensions: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    app.state.extensions = extensions
+
+    @app.put(comp + "/virtualMachines/{name}/extensions/{ext}")
+    async def put_extension(sub: str, rg: str, name: str, ext: str, request: Request) -> Response:
+        version = request.query_params.get("api-version")
+        if not version:
+            return err(400, "MissingApiVersionParameter", "The api-version query parameter (?api-version=) is "
+                       "required for all requests.")
+        if version not in COMPUTE_API_VERSIONS:
+            return err(400, "NoRegisteredProviderFound", f"No registered resource provider found for API version "
+                       f"'{version}' and type 'virtualMachines/extensions'.")
+        vm = vms.get((sub, rg.lower(), name.lower()))
+        if vm is None:
+            return err(404, "ParentResourceNotFound", "Can not perform requested operation on nested resource. "
+                       f"Parent resource '{name}' not found.")
+        try:
+            body = await request.json()
+        except ValueError:
+            return err(400, "InvalidRequestContent", "The request content was invalid and could not be deserialized.")
+        props = body.get("properties") if isinstance(body, dict) else None
+        if not isinstance(props, dict):
+            return err(400, "InvalidParameter", "Required parameter 'properties' is missing (null).", "properties")
+        for field in ("publisher", "type", "typeHandlerVersion"):
+            if not isinstance(props.get(field), str) or not props[field]:
+                return err(400, "InvalidParameter", f"Required parameter '{field}' is missing (null).", field)
+        if "settings" in props and not isinstance(props["settings"], dict):
+            return err(400, "InvalidParameter", "The value of parameter settings is invalid.", "settings")
+        if body.get("location") not in (None, vm["location"]):
+            return err(400, "InvalidParameter", f"The extension's location {body['location']} is not its VM's "
+                       f"({vm['location']}).", "location")
+        known = EXTENSIONS.get((props["publisher"], props["type"]))
+        if known is None or props["typeHandlerVersion"] not in known:
+            return err(404, "ArtifactNotFound", f"Extension with publisher '{props['publisher']}', type "
+                       f"'{props['type']}', and type handler version '{props['typeHandlerVersion']}' could not be "
+                       "found in the extension repository.")
+        key = (sub, rg.lower(), name.lower(), ext.lower())
+        existed = key in extensions
+        state = "Succeeded"
+        if props["type"] == "NvidiaGpuDriverLinux":
+            gpus = next((g for n, _, _, g, _ in SKUS if n == vm["properties"]["hardwareProfile"]["vmSize"]), 0)
+            state = "Succeeded" if gpus else "Failed"  # the driver installs only where there is a GPU
+            guest = guests.get((sub, rg.lower(), name.lower()))
+            if gpus and guest is not None:
+                guest.install_driver()
+        extensions[key] = {"id": f"{vm['id']}/extensions/{ext}", "name": ext,
+                           "type": "Microsoft.Compute/virtualMachines/extensions", "location": vm["location"],
+                           "tags": body.get("tags") or {}, "properties": dict(props) | {"provisioningState": state}}
+        return JSONResponse(extensions[key], status_code=200 if existed else 201)
+
     @app.get(comp + "/virtualMachines/{name}")
     def get_vm(sub: str, rg: str, name: str) -> Response:
         vm = vms.get((sub, rg.lower(), name.lower()))
@@ -423,6 +492,8 @@ def make_app(page_size: int = 4) -> FastAPI:
             return Response(status_code=204)
         if (g := guests.pop(key, None)) is not None:
             g.cleanup()
+        for ekey in [k for k in extensions if k[:3] == key]:  # a VM's extensions are deleted with it
+            del extensions[ekey]
         os_disk = vm["properties"]["storageProfile"]["osDisk"]
         if os_disk.get("deleteOption") == "Delete":
             disks.pop((sub, rg.lower(), os_disk["name"].lower()), None)

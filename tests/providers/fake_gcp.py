@@ -10,7 +10,16 @@ adapter and Libcloud's GCE driver call:
   ``maxResults``/``pageToken``/``nextPageToken`` and refuse bad labels, names and filters with GCE's
   error JSON;
 * ``/v1/services/{id}/skus``: Compute Engine SKUs (``description``, ``category``, ``serviceRegions``,
-  ``pricingInfo[].pricingExpression``), paged with ``pageSize``/``pageToken``/``nextPageToken``.
+  ``pricingInfo[].pricingExpression``), paged with ``pageSize``/``pageToken``/``nextPageToken``;
+* workload identity federation: ``POST /v1/token`` plays Security Token Service (``sts.googleapis.com``,
+  REST reference "Method: token", RFC 8693 token exchange: form fields ``grant_type``, ``audience``,
+  ``scope``, ``requested_token_type``, ``subject_token``, ``subject_token_type``; OAuth errors
+  ``invalid_request``, ``unsupported_grant_type``, ``invalid_grant``, ``invalid_target``) and
+  ``POST /v1/projects/-/serviceAccounts/{email}:generateAccessToken`` plays IAM Service Account Credentials
+  (``iamcredentials.googleapis.com``: a federated bearer, JSON ``scope`` (required) / ``lifetime`` (at most
+  ``3600s``) / ``delegates``; answers ``accessToken``/``expireTime``; Google JSON errors ``UNAUTHENTICATED``,
+  ``INVALID_ARGUMENT``, ``NOT_FOUND``, ``PERMISSION_DENIED``). The pool's audience, the subject tokens it
+  trusts and the service accounts federated principals may impersonate are ``app.state.wif``.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ import itertools
 import json
 import re
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -238,6 +247,103 @@ def make_app(project: str = "demo-proj", page_cap: int = 2, sku_page_cap: int = 
         app.state.issued.append(tok)
         return JSONResponse({"access_token": tok, "expires_in": 3599, "token_type": "Bearer",
                              "scope": "https://www.googleapis.com/auth/cloud-platform"})
+
+    wif: dict[str, Any] = {
+        "audience": "//iam.googleapis.com/projects/123456789/locations/global/workloadIdentityPools/hb-pool/"
+                    "providers/hb-oidc",
+        "subject_tokens": set(),  # OIDC tokens of the external identity provider the pool trusts
+        "service_accounts": {f"hb-broker@{project}.iam.gserviceaccount.com"},  # federated principals may use
+        "federated": [],  # access tokens STS handed out
+        "impersonated": [],  # access tokens generateAccessToken handed out
+    }
+    app.state.wif = wif
+
+    def oauth_error(error: str, description: str) -> JSONResponse:
+        return JSONResponse({"error": error, "error_description": description}, status_code=400)
+
+    def google_error(status: int, code: str, message: str) -> JSONResponse:
+        return JSONResponse({"error": {"code": status, "message": message, "status": code}}, status_code=status)
+
+    exchange = "urn:ietf:params:oauth:grant-type:token-exchange"
+    access_token_type = "urn:ietf:params:oauth:token-type:access_token"
+    subject_types = {"urn:ietf:params:oauth:token-type:jwt", "urn:ietf:params:oauth:token-type:id_token",
+                     "urn:ietf:params:oauth:token-type:saml2", "urn:ietf:params:aws:token-type:aws4_request"}
+
+    @app.post("/v1/token")
+    async def sts_token(request: Request) -> Response:
+        """Security Token Service: exchange an external credential for a federated access token."""
+        ctype = request.headers.get("content-type", "")
+        if ctype.startswith("application/x-www-form-urlencoded"):
+            form = {k: str(v) for k, v in (await request.form()).items()}
+        elif ctype.startswith("application/json"):  # the REST form: the same fields in camelCase
+            raw = await request.json()
+            camel = {"grantType": "grant_type", "requestedTokenType": "requested_token_type",
+                     "subjectToken": "subject_token", "subjectTokenType": "subject_token_type"}
+            form = {camel.get(k, k): str(v) for k, v in (raw if isinstance(raw, dict) else {}).items()}
+        else:
+            return oauth_error("invalid_request", f"Unsupported content type {ctype!r}.")
+        if not form.get("grant_type"):
+            return oauth_error("invalid_request", "The grant_type parameter is required.")
+        if form["grant_type"] != exchange:
+            return oauth_error("unsupported_grant_type", f"Unsupported grant_type: {form['grant_type']}.")
+        for field in ("requested_token_type", "subject_token", "subject_token_type", "audience"):
+            if not form.get(field):
+                return oauth_error("invalid_request", f"The {field} parameter is required.")
+        if form["requested_token_type"] != access_token_type:
+            return oauth_error("invalid_request", f"Invalid requested_token_type: {form['requested_token_type']}.")
+        if form["subject_token_type"] not in subject_types:
+            return oauth_error("invalid_request", f"Invalid subject_token_type: {form['subject_token_type']}.")
+        if form["audience"] != wif["audience"]:
+            return oauth_error("invalid_target", "The target service indicated by the \"audience\" parameters is "
+                               "invalid. This might either be because the pool or provider is disabled or deleted "
+                               "or because it doesn't exist.")
+        if form["subject_token"] not in wif["subject_tokens"]:
+            return oauth_error("invalid_grant", "The provided subject token is not valid for this provider.")
+        if "options" in form:
+            try:
+                json.loads(form["options"])
+            except ValueError:
+                return oauth_error("invalid_request", "The options parameter is not valid JSON.")
+        tok = f"ya29.sts-{uuid.uuid4().hex[:12]}"
+        wif["federated"].append(tok)
+        return JSONResponse({"access_token": tok, "issued_token_type": access_token_type, "token_type": "Bearer",
+                             "expires_in": 3600})
+
+    @app.post("/v1/projects/-/serviceAccounts/{target}")
+    async def generate_access_token(target: str, request: Request) -> Response:
+        """IAM Service Account Credentials: a short-lived access token of a service account."""
+        email, _, method = target.partition(":")
+        if method != "generateAccessToken":
+            return google_error(404, "NOT_FOUND", f"Method {method or '(none)'} not found.")
+        auth = request.headers.get("authorization", "")
+        if not auth.startswith("Bearer ") or auth.removeprefix("Bearer ") not in wif["federated"]:
+            return google_error(401, "UNAUTHENTICATED", "Request had invalid authentication credentials. Expected "
+                                "OAuth 2 access token, login cookie or other valid authentication credential.")
+        try:
+            body = await request.json()
+        except ValueError:
+            return google_error(400, "INVALID_ARGUMENT", "Invalid JSON payload received.")
+        if not isinstance(body, dict):
+            return google_error(400, "INVALID_ARGUMENT", "Invalid JSON payload received.")
+        scope = body.get("scope")
+        if not isinstance(scope, list) or not scope or not all(isinstance(x, str) and x for x in scope):
+            return google_error(400, "INVALID_ARGUMENT", "Scope required.")
+        lifetime = body.get("lifetime", "3600s")
+        m = re.fullmatch(r"(\d+)(\.\d+)?s", str(lifetime))
+        if m is None or not 1 <= float(str(lifetime)[:-1]) <= 3600:
+            return google_error(400, "INVALID_ARGUMENT", f"Invalid lifetime {lifetime!r}: a duration in seconds "
+                                "up to 3600s.")
+        if not isinstance(body.get("delegates") or [], list):  # null is the default (proto3 JSON)
+            return google_error(400, "INVALID_ARGUMENT", "Invalid value at 'delegates'.")
+        if email not in wif["service_accounts"]:
+            if email.endswith(".iam.gserviceaccount.com"):
+                return google_error(403, "PERMISSION_DENIED", "Permission 'iam.serviceAccounts.getAccessToken' "
+                                    "denied on resource (or it may not exist).")
+            return google_error(404, "NOT_FOUND", f"Service account {email} not found.")
+        tok = f"ya29.sa-{uuid.uuid4().hex[:12]}"
+        wif["impersonated"].append(tok)
+        expire = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=int(float(str(lifetime)[:-1])))
+        return JSONResponse({"accessToken": tok, "expireTime": expire.strftime("%Y-%m-%dT%H:%M:%SZ")})
 
     @app.middleware("http")
     async def record(request: Request, call_next: Any) -> Response:

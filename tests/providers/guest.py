@@ -3,8 +3,10 @@
 A real VM runs the script as root with the serial port at ``/dev/ttyS0`` and ``poweroff`` stopping it. Here
 the same bytes run with ``sh`` in a subprocess whose environment is the "hardware": ``HB_CONSOLES`` points at
 a file that plays the serial port (the script's own documented override), and ``PATH`` starts with a
-directory holding a ``poweroff`` that only records the power-off and a ``curl`` that plays the metadata
-server (it answers the interruption checks once :meth:`Guest.notice` was called). So the exit code the
+directory holding a ``poweroff`` that only records the power-off, a ``curl`` that plays the metadata
+server (it answers the interruption checks once :meth:`Guest.notice` was called) and an ``nvidia-smi`` that
+works once :meth:`Guest.install_driver` was called (``HB_STATE_DIR``/``HB_PER_BOOT_DIR`` point into the guest's
+directory). So the exit code the
 adapter reads back really came from the script it sent. Only scripts that :mod:`providers.bootstrap`
 generated are run (the machine running the tests must never be powered off by a stray command); anything
 else is only stored, like a VM whose image ignores it.
@@ -60,9 +62,14 @@ class Guest:
         curl = bin_dir / "curl"
         curl.write_text(f"#!/bin/sh\n[ -e '{self.dir / 'notice'}' ] || exit 22\necho TRUE\necho '\"Preempt\"'\n")
         curl.chmod(0o755)
+        # The GPU: nvidia-smi works once a driver was installed (install_driver: the cloud's driver extension).
+        smi = bin_dir / "nvidia-smi"
+        smi.write_text(f"#!/bin/sh\n[ -e '{self.dir / 'nvidia-driver'}' ] || exit 9\necho 'NVIDIA-SMI fake'\n")
+        smi.chmod(0o755)
         (self.dir / "user-data").write_text(self.script or "")
         env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HB_CONSOLES": str(self.serial), "HOME": str(self.dir),
-               "TMPDIR": str(self.dir), "HB_INTERRUPT_POLL": "0.1"}
+               "TMPDIR": str(self.dir), "HB_INTERRUPT_POLL": "0.1", "HB_GPU_POLL": "0.1",
+               "HB_STATE_DIR": str(self.dir / "state"), "HB_PER_BOOT_DIR": str(self.dir / "per-boot")}
 
         def run() -> None:
             with self._lock:
@@ -83,6 +90,10 @@ class Guest:
 
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
+
+    def install_driver(self) -> None:
+        """A GPU driver is installed (the cloud's NVIDIA driver extension ran): ``nvidia-smi`` works."""
+        (self.dir / "nvidia-driver").touch()
 
     def notice(self) -> None:
         """The cloud announces the VM's interruption (spot notice / scheduled Preempt event / preempted)."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import os
 import shutil
+import signal
 import subprocess
 import time
 import uuid
@@ -342,3 +344,53 @@ def test_a_spot_interruption_notice_stops_the_job_to_checkpoint_and_is_reported(
 def test_without_a_notice_a_spot_job_is_not_reported_preempted() -> None:
     assert not parse_report("HB-LOG-TAIL=\nHB-EXIT-CODE=0\n").preempted
     assert parse_report("HB-PREEMPTED=1\r\nHB-EXIT-CODE=143\r\n").preempted
+
+
+# -- GPU VMs whose driver a VM extension installs after boot (Azure's NvidiaGpuDriverLinux)
+
+
+def _gpu_env(tmp_path: Path, driver: bool) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\n[ -e '{tmp_path / 'driver'}' ] || exit 9\n")
+    smi.chmod(0o755)
+    if driver:
+        (tmp_path / "driver").touch()
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "HB_GPU_POLL": "0.2", "HB_STATE_DIR": str(tmp_path / "state"),
+            "HB_PER_BOOT_DIR": str(tmp_path / "per-boot"), "TMPDIR": str(tmp_path)}
+
+
+@pytest.mark.skipif(not SH, reason="no sh on PATH to run the generated script with")
+def test_without_a_working_gpu_driver_in_time_the_command_does_not_run_and_the_log_says_why(tmp_path: Path) -> None:
+    console, ran = tmp_path / "c", tmp_path / "ran"
+    script = tmp_path / "user-data"
+    script.write_text(job_script(("touch", str(ran)), consoles=(str(console),), poweroff=":",
+                                 wait_gpu_driver_seconds=1))
+    subprocess.run([SH, str(script)], cwd=tmp_path, env=_gpu_env(tmp_path, driver=False), check=True, timeout=30)
+    report = parse_report(console.read_text())
+    assert report.exit_code == 125 and not ran.exists()
+    assert "no working NVIDIA driver (nvidia-smi) after 1 s" in report.log_tail
+
+
+@pytest.mark.skipif(not SH, reason="no sh on PATH to run the generated script with")
+def test_a_reboot_while_waiting_for_the_driver_starts_the_job_again_and_it_runs_once(tmp_path: Path) -> None:
+    console, runs = tmp_path / "c", tmp_path / "runs"
+    script = tmp_path / "user-data"
+    script.write_text(job_script(("sh", "-c", f"echo run >> {runs}"), consoles=(str(console),), poweroff=":",
+                                 wait_gpu_driver_seconds=60))
+    env = _gpu_env(tmp_path, driver=False)
+    first = subprocess.Popen([SH, str(script)], cwd=tmp_path, env=env, start_new_session=True)
+    per_boot = tmp_path / "per-boot" / "hb-job.sh"
+    deadline = time.monotonic() + 10
+    while not per_boot.exists():
+        assert time.monotonic() < deadline, "the script did not install itself for the next boot"
+        time.sleep(0.05)
+    os.killpg(first.pid, signal.SIGKILL)  # the extension reboots the VM while the script waits
+    first.wait()
+    env = _gpu_env(tmp_path, driver=True)  # after the reboot the driver works; cloud-init runs per-boot scripts
+    subprocess.run([SH, str(per_boot)], cwd=tmp_path, env=env, check=True, timeout=30)
+    assert runs.read_text() == "run\n" and parse_exit_code(console.read_text()) == 0
+    assert not per_boot.exists(), "it removed itself from per-boot once the job started"
+    subprocess.run([SH, str(script)], cwd=tmp_path, env=env, check=True, timeout=30)  # a later boot
+    assert runs.read_text() == "run\n", "never twice"

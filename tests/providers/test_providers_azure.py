@@ -3,6 +3,7 @@ Retail Prices API, with a fault proxy in front that answers ARM's own error payl
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import uuid
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ import httpx
 import pytest
 
 from broker.clock import ManualClock
-from broker.errors import AuthError, CapacityError
+from broker.errors import AuthError, CapacityError, InvalidRequestError
 from broker.model import Capacity, Instance, InstanceState, RetryPolicy
 from providers.azure import AzureProvider, accelerator_of, parse_retail_prices
 from providers.base import TAG_JOB, TAG_REQUEST, Provider
@@ -137,7 +138,9 @@ def inventory(azure_fake, request_id: str) -> list[str]:
                                                  if n["tags"].get(TAG_REQUEST) == request_id}
     disks = [f"disk {d['name']}" for d in st.disks.values() if d["name"].split("_OsDisk")[0] in names
              or (d.get("managedBy") or "").rsplit("/", 1)[-1] in names]
-    return vms + nics + disks
+    exts = [f"extension {vm}/{e['name']}" for (_, _, vm, _), e in st.extensions.items()
+            if e["tags"].get(TAG_REQUEST) == request_id]
+    return vms + nics + disks + exts
 
 
 def orphan_disks(azure_fake) -> list[str]:
@@ -274,3 +277,93 @@ def test_a_vm_put_in_a_missing_resource_group_is_refused(azure_fake, pki) -> Non
     resp = httpx.put(f"{azure_fake.url}/subscriptions/sub-1/resourceGroups/nope/providers/Microsoft.Compute/"
                      "virtualMachines/x", json={"location": "eastus", "properties": {}}, verify=pki.ca_cert)
     assert resp.status_code == 404 and resp.json()["error"]["code"] == "ResourceGroupNotFound"
+
+
+# -- GPU VMs: the NVIDIA GPU Driver Extension
+
+
+def test_a_gpu_job_gets_the_nvidia_driver_extension_and_runs_once_the_driver_works(azure: AzureProvider,
+                                                                                   azure_fake) -> None:
+    req = f"req-{uuid.uuid4().hex[:8]}"
+    t4 = next(o for o in azure.offers() if o.instance_type.name == "Standard_NC4as_T4_v3" and o.region == "eastus"
+              and o.capacity is Capacity.ON_DEMAND)
+    job = make_job("az-gpu", command=("sh", "-c", "nvidia-smi && echo gpu-ok"))
+    [inst] = azure.launch(t4, 1, req, tags={TAG_JOB: "az-gpu"}, job=job)
+    st = azure_fake.app.state
+    vm = st.vms[("sub-1", "hybrid-broker", inst.id)]
+    image = vm["properties"]["storageProfile"]["imageReference"]
+    assert (image["publisher"], image["sku"]) == ("Canonical", "22_04-lts-gen2"), "the driver is the extension's"
+    ext = st.extensions[("sub-1", "hybrid-broker", inst.id, "nvidiagpudriverlinux")]
+    assert {k: ext["properties"][k] for k in ("publisher", "type", "typeHandlerVersion", "provisioningState")} == {
+        "publisher": "Microsoft.HpcCompute", "type": "NvidiaGpuDriverLinux", "typeHandlerVersion": "1.6",
+        "provisioningState": "Succeeded"}
+    assert ext["tags"][TAG_REQUEST] == req
+    done = wait_done(azure, req)
+    assert (done.state, done.exit_code, done.log_tail) == (InstanceState.SUCCEEDED, 0, "NVIDIA-SMI fake\ngpu-ok\n")
+    azure.terminate([done.id], req)
+    assert inventory(azure_fake, req) == [], "the extension went with its VM"
+
+
+def test_gpu_driver_image_mode_boots_ubuntu_hpc_without_the_extension(arm_faults: FaultProxy, pki,
+                                                                      azure_fake) -> None:
+    az = AzureProvider("sub-1", regions=["eastus"], credential=FakeCredential(), base_url=arm_faults.url,
+                       connection_verify=pki.ca_cert, prices_url=arm_faults.url + "/api/retail/prices",
+                       gpu_driver="image")
+    req = f"req-{uuid.uuid4().hex[:8]}"
+    t4 = make_offer("azure", "eastus", "Standard_NC4as_T4_v3", 0.526)
+    t4 = dataclasses.replace(t4, instance_type=dataclasses.replace(t4.instance_type, gpus=1, accelerator="T4"))
+    [inst] = az.launch(t4, 1, req, tags={TAG_JOB: "az-hpc"})
+    image = azure_fake.app.state.vms[("sub-1", "hybrid-broker", inst.id)]["properties"]["storageProfile"][
+        "imageReference"]
+    assert (image["publisher"], image["offer"]) == ("microsoft-dsvm", "ubuntu-hpc")
+    assert not [k for k in azure_fake.app.state.extensions if k[2] == inst.id]
+    assert not [c for c in arm_faults.calls if "/extensions/" in c.path]
+    az.terminate([inst.id], req)
+    with pytest.raises(InvalidRequestError, match="extension, image or both"):
+        AzureProvider("sub-1", credential=FakeCredential(), gpu_driver="driver")
+
+
+EXT = {"publisher": "Microsoft.HpcCompute", "type": "NvidiaGpuDriverLinux", "typeHandlerVersion": "1.6",
+       "autoUpgradeMinorVersion": True, "settings": {}}
+EXT_CASES = [
+    ("the documented shape is accepted", "2026-04-01", "vm", {"location": "eastus", "properties": EXT}, 201, None),
+    ("no api-version is refused", None, "vm", {"properties": EXT}, 400, "MissingApiVersionParameter"),
+    ("an unpublished api-version is refused", "2026-13-01", "vm", {"properties": EXT}, 400,
+     "NoRegisteredProviderFound"),
+    ("a VM that does not exist is refused", "2026-04-01", "no-such-vm", {"properties": EXT}, 404,
+     "ParentResourceNotFound"),
+    ("no properties is refused", "2026-04-01", "vm", {"location": "eastus"}, 400, "InvalidParameter"),
+    ("no publisher is refused", "2026-04-01", "vm", {"properties": {k: v for k, v in EXT.items() if k != "publisher"}},
+     400, "InvalidParameter"),
+    ("no typeHandlerVersion is refused", "2026-04-01", "vm",
+     {"properties": {k: v for k, v in EXT.items() if k != "typeHandlerVersion"}}, 400, "InvalidParameter"),
+    ("settings that are not an object are refused", "2026-04-01", "vm", {"properties": EXT | {"settings": "x"}},
+     400, "InvalidParameter"),
+    ("an unknown extension type is refused", "2026-04-01", "vm",
+     {"properties": EXT | {"type": "NvidiaGpuDriverLinx"}}, 404, "ArtifactNotFound"),
+    ("an unknown handler version is refused", "2026-04-01", "vm", {"properties": EXT | {"typeHandlerVersion": "7.0"}},
+     404, "ArtifactNotFound"),
+    ("another region than the VM's is refused", "2026-04-01", "vm", {"location": "westeurope", "properties": EXT},
+     400, "InvalidParameter"),
+]
+
+
+@pytest.mark.parametrize(("version", "vm", "body", "status", "code"), [c[1:] for c in EXT_CASES],
+                         ids=[c[0] for c in EXT_CASES])
+def test_the_fake_takes_an_extension_put_only_in_the_documented_shape(azure: AzureProvider, azure_fake, pki,
+                                                                      version, vm, body, status, code) -> None:
+    req = f"req-{uuid.uuid4().hex[:8]}"
+    [inst] = azure.launch(_offer(azure), 1, req, tags={TAG_JOB: "az-ext"})
+    name = inst.id if vm == "vm" else vm
+    try:
+        url = (f"{azure_fake.url}/subscriptions/sub-1/resourceGroups/hybrid-broker/providers/Microsoft.Compute/"
+               f"virtualMachines/{name}/extensions/NvidiaGpuDriverLinux")
+        r = httpx.put(url, params={"api-version": version} if version else {}, json=body, verify=pki.ca_cert)
+        assert r.status_code == status, r.text
+        if code is not None:
+            assert r.json()["error"]["code"] == code
+        else:  # accepted on a VM without a GPU: the driver install fails, as on Azure
+            assert r.json()["properties"]["provisioningState"] == "Failed"
+    finally:
+        azure.terminate([inst.id], req)
+    assert inventory(azure_fake, req) == []

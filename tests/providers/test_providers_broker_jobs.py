@@ -11,6 +11,7 @@ moto cannot run user data, so :class:`Ec2Guests` plays EC2's part: it boots ever
 from __future__ import annotations
 
 import base64
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,15 +23,27 @@ import boto3
 import httpx
 import pytest
 
-from broker.model import Capacity, InstanceType, Location, Offer, Provenance
+from broker.clock import ManualClock, utcnow
+from broker.model import Capacity, InstanceType, Location, Offer, Provenance, RetryPolicy
 from providers.aws import AwsProvider
 from providers.azure import AzureProvider
 from providers.base import TAG_REQUEST
+from providers.failover import Blocklist, backoff_delay
 from providers.gcp import GcpProvider, gce_label
 from tests.broker.service_support import serve_in_thread
 
+from . import faultproxy
 from .conftest import GCP_PROJECT, FakeCredential
-from .faultproxy import FaultProxy, arm_error, ec2_action, ec2_call, ec2_console_output, ec2_error, request
+from .faultproxy import (
+    FaultProxy,
+    arm_error,
+    ec2_action,
+    ec2_call,
+    ec2_console_output,
+    ec2_error,
+    gce_error,
+    request,
+)
 from .guest import Guest
 
 pytestmark = pytest.mark.network
@@ -106,6 +119,7 @@ class Cloud:
     step: Callable[[], None] = lambda: None
     regions: tuple[str, str] = ("", "")
     extra: dict[str, Any] = field(default_factory=dict)
+    throttle: Callable[[int], None] = lambda times: None  # the next ``times`` launch calls are throttled
 
 
 @pytest.fixture(scope="module")
@@ -115,14 +129,20 @@ def aws_cloud(aws_proxy: FaultProxy, moto_endpoint: str) -> Iterator[Cloud]:
                       secret_key="testing")
     guests = Ec2Guests(moto_endpoint, ec2_faults)
     mine: set[str] = set()
+    volumes_before = {r: {v["VolumeId"] for v in guests.clients[r].describe_volumes()["Volumes"]}
+                      for r in ("us-east-1", "us-west-2")}
 
     def inventory() -> list[str]:
+        """Our instances not terminated, and EBS volumes made since the module began (root volumes go with
+        their instance). Primary ENIs are not counted: moto keeps a terminated instance's ENI, EC2 deletes it."""
         out = []
         for region in ("us-east-1", "us-west-2"):
             ec2 = guests.clients[region]
             for res in ec2.describe_instances(Filters=[{"Name": "tag-key", "Values": [TAG_REQUEST]}])["Reservations"]:
                 out += [i["InstanceId"] for i in res["Instances"] if i["State"]["Name"] not in ("terminated",)
                         and i["InstanceId"] in mine]
+            out += [f"volume {v['VolumeId']}" for v in ec2.describe_volumes()["Volumes"]
+                    if v["VolumeId"] not in volumes_before[region]]
         return out
 
     def step() -> None:
@@ -135,10 +155,13 @@ def aws_cloud(aws_proxy: FaultProxy, moto_endpoint: str) -> Iterator[Cloud]:
     def capacity() -> None:
         ec2_faults.add(ec2_action("RunInstances"), ec2_error("InsufficientInstanceCapacity", status=500))
 
+    def throttle(times: int) -> None:  # EC2's throttling answer: 503 RequestLimitExceeded, Retry-After 1
+        ec2_faults.add(ec2_action("RunInstances"), faultproxy.throttle(retry_after=1, json_body=False), times)
+
     yield Cloud("aws", aws, [offer("aws", "us-east-1", "m5.large", 0.096),
                              offer("aws", "us-east-1", "m5.large", 0.03, Capacity.SPOT),
                              offer("aws", "us-west-2", "m5.large", 0.099)],
-                inventory, preempt, capacity, step, ("us-east-1", "us-west-2"))
+                inventory, preempt, capacity, step, ("us-east-1", "us-west-2"), throttle=throttle)
     guests.close()
 
 
@@ -154,15 +177,19 @@ def azure_cloud(azure_proxy: FaultProxy, pki, azure_fake) -> Iterator[Cloud]:
         vms = [f"vm {v['name']}" for (_, g, _), v in st.vms.items() if g == "hb-jobs"]
         nics = [f"nic {n['name']}" for (_, g, _), n in st.nics.items() if g == "hb-jobs"]
         disks = [f"disk {d['name']}" for (_, g, _), d in st.disks.items() if g == "hb-jobs"]
-        return vms + nics + disks
+        exts = [f"extension {vm}/{e['name']}" for (_, g, vm, _), e in st.extensions.items() if g == "hb-jobs"]
+        return vms + nics + disks + exts
 
     def capacity() -> None:
         arm_faults.add(request("PUT", "/virtualMachines/"), arm_error("AllocationFailed"))
 
+    def throttle(times: int) -> None:  # ARM's throttling answer: 429 TooManyRequests, Retry-After 1
+        arm_faults.add(request("PUT", "/virtualMachines/"), faultproxy.throttle(retry_after=1), times)
+
     yield Cloud("azure", az, [offer("azure", "eastus", "Standard_D2s_v5", 0.096),
                               offer("azure", "eastus", "Standard_D2s_v5", 0.02, Capacity.SPOT),
                               offer("azure", "westeurope", "Standard_D2s_v5", 0.1056)],
-                inventory, st.evict, capacity, regions=("eastus", "westeurope"))
+                inventory, st.evict, capacity, regions=("eastus", "westeurope"), throttle=throttle)
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +215,9 @@ def gcp_cloud(gcp_proxy: FaultProxy, gcp_fake, gcp_creds: dict[str, str], pki) -
                                offer("gcp", "us-central1", "n2-standard-4", 0.05, Capacity.SPOT, vcpus=4, mem=16),
                                offer("gcp", "europe-west1", "n2-standard-4", 0.21, vcpus=4, mem=16)],
                   inventory, lambda iid: st.preempt(*iid.split("/")), capacity,
-                  regions=("us-central1", "europe-west1"))
+                  regions=("us-central1", "europe-west1"),
+                  throttle=lambda times: gcp_proxy.add(request("POST", "/instances"),  # GCE: 403 rateLimitExceeded
+                                                       gce_error("rateLimitExceeded", "Rate Limit Exceeded"), times))
     cloud.extra["mine"] = mine
     yield cloud
     st.exhausted.clear()
@@ -275,11 +304,19 @@ def broker(module_broker: Broker, aws_proxy: FaultProxy, azure_proxy: FaultProxy
     gcp_fake.app.state.exhausted.clear()
 
 
-def test_a_command_job_succeeds_with_its_exit_code_and_log_tail(broker: Broker) -> None:
+def test_a_command_job_succeeds_with_its_exit_code_and_log_tail(broker: Broker, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
     job = broker.submit("ok", ["sh", "-c", "echo step 1; echo done on $HB_CLOUD"], env={"HB_CLOUD": broker.cloud.name})
     done = broker.until(job, {"SUCCEEDED", "FAILED"})
     assert (done["state"], done["exit_code"]) == ("SUCCEEDED", 0), done.get("message")
     assert broker.logs(job) == f"step 1\ndone on {broker.cloud.name}\n"
+    from broker.cli import main  # `broker jobs logs` shows the same tail
+
+    monkeypatch.setenv("BROKER_URL", str(broker.http.base_url).rstrip("/"))
+    monkeypatch.setenv("BROKER_TOKEN", ADMIN)
+    with pytest.raises(SystemExit) as exc:
+        main(["jobs", "logs", job, "-n", "default"])
+    assert exc.value.code in (0, None) and capsys.readouterr().out == f"step 1\ndone on {broker.cloud.name}\n"
     broker.until(job, {"SUCCEEDED"})  # one more cycle: the stopped VM was deleted after its report
     assert broker.cloud.inventory() == []
 
@@ -321,6 +358,48 @@ def test_a_capacity_error_fails_over_to_the_next_region(broker: Broker) -> None:
     done = broker.until(job, {"SUCCEEDED", "FAILED"})
     assert (done["state"], done["region"]) == ("SUCCEEDED", broker.cloud.regions[1]), done.get("message")
     broker.until(job, {"SUCCEEDED"})
+    assert broker.cloud.inventory() == []
+
+
+SPEC_RETRY = {"backoffLimit": 2, "retryDelaySeconds": 4, "maxRetryDelaySeconds": 6}
+
+
+@pytest.fixture
+def manual_cycle(broker: Broker, monkeypatch: pytest.MonkeyPatch) -> ManualClock:
+    """The scheduler of ``broker`` on a manual clock (and a blocklist on it), its jitter seeded: the in-cycle
+    retries sleep on it, so their delays are exact and nothing really waits."""
+    clock = ManualClock(utcnow())
+    monkeypatch.setattr(broker.hb.scheduler, "clock", clock)
+    monkeypatch.setattr(broker.hb.scheduler, "blocklist", Blocklist(clock))
+    broker.hb.scheduler.rng.seed(5)
+    return clock
+
+
+def test_a_throttled_launch_backs_off_per_the_spec_then_fails_over(broker: Broker, manual_cycle: ManualClock) -> None:
+    broker.cloud.throttle(3)  # the first option's first try and its backoffLimit=2 retries
+    job = broker.submit("thr", ["true"], retry=SPEC_RETRY)
+    done = broker.until(job, {"SUCCEEDED", "FAILED"})
+    assert (done["state"], done["region"]) == ("SUCCEEDED", broker.cloud.regions[1]), done.get("message")
+    assert [a["outcome"] for a in done["attempts"]] == ["transient"] * 3 + ["launched"]
+    assert {a["region"] for a in done["attempts"][:3]} == {broker.cloud.regions[0]}
+    rng = random.Random(5)
+    delays = [backoff_delay(RetryPolicy(2, 4, 6), n, rng) for n in range(2)]  # 4 then min(6, 8), with jitter
+    assert manual_cycle.sleeps == delays and 2 <= delays[0] <= 4 and 3 <= delays[1] <= 6
+    assert [a["delay_seconds"] for a in done["attempts"]] == [*delays, 0.0, 0.0]
+    broker.until(job, {"SUCCEEDED"})
+    assert broker.cloud.inventory() == []
+
+
+def test_a_launch_throttled_everywhere_fails_the_job_saying_why(broker: Broker, manual_cycle: ManualClock) -> None:
+    broker.cloud.throttle(-1)
+    job = broker.submit("thr-all", ["true"], retry=SPEC_RETRY)
+    done = broker.until(job, {"SUCCEEDED", "FAILED", "BACKOFF"})
+    assert done["state"] == "FAILED" and done["retries"] == 0, "failed in its first cycle, not backed off"
+    assert [a["outcome"] for a in done["attempts"]] == ["transient"] * 6  # 2 options x (1 try + 2 retries)
+    assert len(manual_cycle.sleeps) == 4
+    msg = done["message"]
+    assert msg.startswith(f"every placement option failed (2 tried): {broker.cloud.name}:{broker.cloud.regions[0]}")
+    assert msg.count("3 transient errors") == 2 and "gave up after 2 retries" in msg
     assert broker.cloud.inventory() == []
 
 

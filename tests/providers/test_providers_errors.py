@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import botocore.exceptions
+import google.auth.exceptions as gauth_exc
 import httpx
 import libcloud.common.exceptions as lc_http
 import libcloud.common.google as lc_google
@@ -90,6 +91,12 @@ CASES: list[tuple[str, Exception, type[ProviderError], int | None]] = [
     ("libcloud GCE rateLimitExceeded is transient",
      lc_google.GoogleBaseError("slow down", 403, "rateLimitExceeded"), TransientError, 403),
     ("libcloud GoogleAuthError is auth", lc_google.GoogleAuthError("expired"), AuthError, None),
+    ("google-auth an STS refusal (OAuthError) is auth",
+     gauth_exc.OAuthError("Error code invalid_grant: The provided subject token is not valid"), AuthError, None),
+    ("google-auth a retryable refresh error is transient",
+     gauth_exc.RefreshError("backend", retryable=True), TransientError, None),
+    ("google-auth a transport error is transient", gauth_exc.TransportError("connection reset"), TransientError,
+     None),
     ("httpx 429 is transient", httpx_status(429), TransientError, 429),
     ("httpx 500 is transient", httpx_status(500), TransientError, 500),
     ("httpx 403 is auth", httpx_status(403), AuthError, 403),

@@ -10,7 +10,7 @@ from broker.clock import ManualClock
 from broker.errors import AuthError, CapacityError, InvalidRequestError, QuotaError, TransientError
 from broker.model import RetryPolicy
 from providers.base import TAG_JOB, TAG_REQUEST
-from providers.failover import Blocklist, backoff_delay, provision
+from providers.failover import Blocklist, backoff_delay, exhausted_reason, provision
 from providers.fake import FakeProvider
 
 from .builders import make_job, make_option
@@ -196,3 +196,31 @@ def test_a_command_job_is_not_launched_where_nothing_runs_it() -> None:
                     clock=ManualClock())
     assert [x.outcome for x in out.attempts] == ["invalid", "launched"] and no_work.launch_calls == []
     assert "runs-work" in out.attempts[0].message and out.option == B1
+
+
+def test_every_option_tried_and_failed_is_exhausted_and_the_reason_names_each_option() -> None:
+    a = FakeProvider("a", fail=[TransientError("throttled")] * 10)
+    b = FakeProvider("b", fail=[CapacityError("no t.small left")])
+    out, clock = run({"a": a, "b": b}, [A1, B1], retry=RetryPolicy(backoff_limit=1, retry_delay_seconds=2))
+    assert out.exhausted and not out.ok and len(clock.sleeps) == 1
+    why = exhausted_reason(out.attempts)
+    assert why.startswith("every placement option failed (2 tried): a:r1 t.small on-demand: 2 transient errors")
+    assert "gave up after 1 retries" in why and "b:r1 t.small on-demand: capacity error" in why
+
+
+def test_a_skip_for_a_block_this_call_set_still_counts_as_tried() -> None:
+    out, _ = run({"a": FakeProvider("a", fail=[QuotaError("vcpus")])}, [A1, A1B])
+    assert [x.outcome for x in out.attempts] == ["quota", "skipped"] and out.exhausted
+
+
+def test_an_option_skipped_for_an_earlier_block_is_not_exhausted_it_may_come_back() -> None:
+    clock = ManualClock()
+    blocks = Blocklist(clock)
+    blocks.block_offer(A1, "capacity seen by another job")
+    out, _ = run({"a": FakeProvider("a", fail=[CapacityError("full")])}, [A1, A2], clock=clock, blocklist=blocks)
+    assert [x.outcome for x in out.attempts] == ["skipped", "capacity"] and not out.exhausted
+
+
+def test_auth_is_not_exhausted_but_stops() -> None:
+    out, _ = run({"a": FakeProvider("a", fail=[AuthError("denied")]), "b": FakeProvider("b")}, [A1, B1])
+    assert isinstance(out.error, AuthError) and not out.exhausted

@@ -555,6 +555,133 @@ def test_google_auth_credentials_are_refreshed_and_sign_the_compute_calls(
     gcp.terminate([inst.id], req)
 
 
+# -- workload identity federation: google-auth's own token exchange against the STS / IAM credentials fake
+
+SA_EMAIL = f"hb-broker@{PROJECT}.iam.gserviceaccount.com"
+JWT = "urn:ietf:params:oauth:token-type:jwt"
+
+
+def _wif_config(tmp_path: Path, gcp_fake, *, impersonate: bool) -> Path:
+    """An ``external_account`` file as ``gcloud iam workload-identity-pools create-cred-config`` writes it, its
+    subject token (the external IdP's OIDC token) in a file the pool trusts."""
+    token = tmp_path / "oidc-token"
+    token.write_text(f"eyJ.oidc-{uuid.uuid4().hex[:8]}.sig")
+    gcp_fake.app.state.wif["subject_tokens"].add(token.read_text())
+    doc: dict[str, Any] = {"type": "external_account", "audience": gcp_fake.app.state.wif["audience"],
+                           "subject_token_type": JWT, "token_url": f"{gcp_fake.url}/v1/token",
+                           "credential_source": {"file": str(token)}}
+    if impersonate:
+        doc["service_account_impersonation_url"] = (
+            f"{gcp_fake.url}/v1/projects/-/serviceAccounts/{SA_EMAIL}:generateAccessToken")
+    path = tmp_path / "wif.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("impersonate", [True, False],
+                         ids=["with service account impersonation the SA token signs the compute calls",
+                              "without impersonation the federated token signs them"])
+def test_workload_identity_exchanges_the_token_through_google_auth_and_the_adapter_uses_it(
+        impersonate: bool, tmp_path: Path, gcp_fake, gce_faults: FaultProxy, pki,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("google.auth.identity_pool")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", pki.ca_cert)  # google-auth's transport trusts the fake's CA
+    wif = gcp_fake.app.state.wif
+    federated, impersonated = len(wif["federated"]), len(wif["impersonated"])
+    gcp = GcpProvider(PROJECT, zones=ZONES, credentials_file=str(_wif_config(tmp_path, gcp_fake,
+                                                                              impersonate=impersonate)),
+                      endpoint=gce_faults.url, billing_url=gce_faults.url, ca_bundle=pki.ca_cert,
+                      poll_interval_seconds=0)
+    assert type(gcp.google_credentials).__module__ == "google.auth.identity_pool"
+    assert len(wif["federated"]) == federated, "no exchange before the first API call"
+    req = new_request()
+    [inst] = gcp.launch(make_offer("gcp", "us-central1", "e2-small", 0.02), 1, req, tags={TAG_JOB: "wif"})
+    assert len(wif["federated"]) == federated + 1, "one STS exchange, then the token is cached"
+    sts_token = wif["federated"][-1]
+    if impersonate:
+        assert len(wif["impersonated"]) == impersonated + 1
+        assert wif["impersonated"][-1] in gcp_fake.app.state.bearers and sts_token not in gcp_fake.app.state.bearers
+    else:
+        assert len(wif["impersonated"]) == impersonated and sts_token in gcp_fake.app.state.bearers
+    gcp.terminate([inst.id], req)
+    assert gcp.instances({TAG_REQUEST: req}) == []
+
+
+def test_a_subject_token_the_pool_does_not_trust_is_an_auth_error_at_the_first_call(
+        tmp_path: Path, gcp_fake, gce_faults: FaultProxy, pki, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("google.auth.identity_pool")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", pki.ca_cert)
+    path = _wif_config(tmp_path, gcp_fake, impersonate=True)
+    (tmp_path / "oidc-token").write_text("eyJ.forged.sig")
+    gcp = GcpProvider(PROJECT, zones=ZONES, credentials_file=str(path), endpoint=gce_faults.url,
+                      billing_url=gce_faults.url, ca_bundle=pki.ca_cert, poll_interval_seconds=0)
+    with pytest.raises(AuthError, match="invalid_grant"):
+        gcp.launch(make_offer("gcp", "us-central1", "e2-small", 0.02), 1, new_request(), tags={TAG_JOB: "wif-x"})
+
+
+STS_FORM = {"grant_type": "urn:ietf:params:oauth:grant-type:token-exchange",
+            "requested_token_type": "urn:ietf:params:oauth:token-type:access_token", "subject_token_type": JWT,
+            "scope": "https://www.googleapis.com/auth/cloud-platform"}
+STS_CASES = [
+    ("no grant_type is invalid_request", {"grant_type": None}, "invalid_request"),
+    ("another grant type is unsupported_grant_type", {"grant_type": "client_credentials"}, "unsupported_grant_type"),
+    ("no subject_token is invalid_request", {"subject_token": None}, "invalid_request"),
+    ("an unknown subject_token_type is invalid_request", {"subject_token_type": "urn:x:token"}, "invalid_request"),
+    ("a requested token type other than access_token is invalid_request",
+     {"requested_token_type": "urn:ietf:params:oauth:token-type:id_token"}, "invalid_request"),
+    ("another pool's audience is invalid_target", {"audience": "//iam.googleapis.com/projects/1/locations/global/"
+                                                   "workloadIdentityPools/other/providers/p"}, "invalid_target"),
+    ("a subject token the provider does not trust is invalid_grant", {"subject_token": "eyJ.forged"},
+     "invalid_grant"),
+    ("options that are not JSON are invalid_request", {"options": "{not json"}, "invalid_request"),
+]
+
+
+@pytest.mark.parametrize(("change", "error"), [c[1:] for c in STS_CASES], ids=[c[0] for c in STS_CASES])
+def test_the_sts_fake_refuses_malformed_exchanges_as_sts_does(change: dict[str, Any], error: str, gcp_fake,
+                                                              pki) -> None:
+    gcp_fake.app.state.wif["subject_tokens"].add("eyJ.good")
+    form = STS_FORM | {"audience": gcp_fake.app.state.wif["audience"], "subject_token": "eyJ.good"} | change
+    r = httpx.post(f"{gcp_fake.url}/v1/token", data={k: v for k, v in form.items() if v is not None},
+                   verify=pki.ca_cert)
+    assert r.status_code == 400 and r.json()["error"] == error, r.text
+    ok = httpx.post(f"{gcp_fake.url}/v1/token", data=STS_FORM | {"audience": gcp_fake.app.state.wif["audience"],
+                                                                 "subject_token": "eyJ.good"}, verify=pki.ca_cert)
+    assert ok.status_code == 200 and set(ok.json()) == {"access_token", "issued_token_type", "token_type",
+                                                         "expires_in"}
+
+
+IAM_CASES = [
+    ("no bearer is UNAUTHENTICATED", None, SA_EMAIL, {"scope": ["s"]}, 401, "UNAUTHENTICATED"),
+    ("a bearer STS did not issue is UNAUTHENTICATED", "ya29.forged", SA_EMAIL, {"scope": ["s"]}, 401,
+     "UNAUTHENTICATED"),
+    ("no scope is INVALID_ARGUMENT", "sts", SA_EMAIL, {"lifetime": "3600s"}, 400, "INVALID_ARGUMENT"),
+    ("a lifetime over an hour is INVALID_ARGUMENT", "sts", SA_EMAIL, {"scope": ["s"], "lifetime": "7200s"}, 400,
+     "INVALID_ARGUMENT"),
+    ("a service account the principal may not use is PERMISSION_DENIED", "sts",
+     f"other@{PROJECT}.iam.gserviceaccount.com", {"scope": ["s"]}, 403, "PERMISSION_DENIED"),
+    ("the documented request is answered", "sts", SA_EMAIL, {"scope": ["s"], "lifetime": "1800s"}, 200, None),
+]
+
+
+@pytest.mark.parametrize(("bearer", "email", "body", "status", "code"), [c[1:] for c in IAM_CASES],
+                         ids=[c[0] for c in IAM_CASES])
+def test_the_iam_credentials_fake_answers_generate_access_token_as_documented(
+        bearer: str | None, email: str, body: dict[str, Any], status: int, code: str | None, gcp_fake, pki) -> None:
+    wif = gcp_fake.app.state.wif
+    wif["subject_tokens"].add("eyJ.good")
+    sts = httpx.post(f"{gcp_fake.url}/v1/token", data=STS_FORM | {"audience": wif["audience"],
+                                                                  "subject_token": "eyJ.good"}, verify=pki.ca_cert)
+    token = sts.json()["access_token"] if bearer == "sts" else bearer
+    r = httpx.post(f"{gcp_fake.url}/v1/projects/-/serviceAccounts/{email}:generateAccessToken", json=body,
+                   headers={"Authorization": f"Bearer {token}"} if token else {}, verify=pki.ca_cert)
+    assert r.status_code == status, r.text
+    if code is not None:
+        assert r.json()["error"]["status"] == code
+    else:
+        assert set(r.json()) == {"accessToken", "expireTime"} and r.json()["expireTime"].endswith("Z")
+
+
 def test_an_adc_file_of_a_user_login_is_loaded_through_google_auth(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("google.auth")

@@ -58,12 +58,28 @@ def test_aws_without_a_gpu_image_says_how_to_configure_one(moto_endpoint: str) -
         aws._image("us-east-1", GPU)
 
 
-def test_azure_images_by_kind() -> None:
-    az = AzureProvider("sub-1", credential=FakeCredential(), ssh_public_key="ssh-ed25519 AAAA test")
+@pytest.mark.parametrize(("gpu_driver", "gpu_sku", "waits"), [
+    ("extension", "22_04-lts-gen2", True), ("image", "2204", False), ("both", "2204", True)],
+    ids=["by default a GPU VM boots Ubuntu and its driver comes from the NVIDIA extension",
+         "gpu_driver=image boots the Ubuntu-HPC image, driver built in",
+         "gpu_driver=both boots Ubuntu-HPC and adds the extension too"])
+def test_azure_images_by_kind(gpu_driver: str, gpu_sku: str, waits: bool) -> None:
+    from .builders import make_job
+
+    az = AzureProvider("sub-1", credential=FakeCredential(), ssh_public_key="ssh-ed25519 AAAA test",
+                       gpu_driver=gpu_driver)
     nic = "/subscriptions/sub-1/resourceGroups/g/providers/Microsoft.Network/networkInterfaces/n"
     sku = {s.name: az._vm_body(_offer("azure", "eastus", s, ), "vm", {TAG_REQUEST: "r"}, nic)["properties"][
         "storageProfile"]["imageReference"]["sku"] for s in (X86, ARM, GPU)}
-    assert sku == {"x86.2x": "22_04-lts-gen2", "arm.2x": "22_04-lts-arm64", "gpu.4x": "2204"}
+    assert sku == {"x86.2x": "22_04-lts-gen2", "arm.2x": "22_04-lts-arm64", "gpu.4x": gpu_sku}
+    assert az._driver_extension(_offer("azure", "eastus", GPU)) is waits
+    assert not az._driver_extension(_offer("azure", "eastus", X86))
+    job = make_job("g", command=("true",))
+    import base64
+
+    script = base64.b64decode(az._vm_body(_offer("azure", "eastus", GPU), "vm", {}, nic, job)["properties"][
+        "osProfile"]["customData"]).decode()
+    assert ("until nvidia-smi" in script) is waits
     with pytest.raises(InvalidRequestError, match="arm64-gpu"):
         az._vm_body(_offer("azure", "eastus", ARM_GPU), "vm", {}, nic)
 

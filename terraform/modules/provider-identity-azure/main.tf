@@ -32,13 +32,14 @@ resource "azurerm_role_definition" "catalog" {
 resource "azurerm_role_definition" "lifecycle" {
   name        = "${var.name}-lifecycle"
   scope       = var.workload_resource_group_id
-  description = "hybrid-broker: create, read and delete its VMs, their NICs, VNet and disks, and read their boot diagnostics, in one resource group"
+  description = "hybrid-broker: create, read and delete its VMs, their NICs, VNet and disks, add the NVIDIA GPU driver extension to GPU VMs, and read their boot diagnostics, in one resource group"
 
   permissions {
     actions = [
       "Microsoft.Compute/disks/delete",
       "Microsoft.Compute/disks/read",
       "Microsoft.Compute/virtualMachines/delete",
+      "Microsoft.Compute/virtualMachines/extensions/write",
       "Microsoft.Compute/virtualMachines/read",
       "Microsoft.Compute/virtualMachines/retrieveBootDiagnosticsData/action",
       "Microsoft.Compute/virtualMachines/write",
