@@ -43,8 +43,10 @@ refused once another replica's term has begun.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -218,7 +220,13 @@ def _instances_json(instances: Iterable[Instance]) -> str:
 def _instance_ids(text: str | None) -> list[str]:
     if not text:
         return []
-    return [i["id"] if isinstance(i, dict) else str(i) for i in json.loads(text)]
+    return list(_parsed_instance_ids(text))
+
+
+@functools.lru_cache(maxsize=16_384)
+def _parsed_instance_ids(text: str) -> tuple[str, ...]:
+    """The ids of a stored ``instances_json`` (memoised: step 6 reads every running job's each cycle)."""
+    return tuple(i["id"] if isinstance(i, dict) else str(i) for i in json.loads(text))
 
 
 WAIT_ONPREM = "waiting for on-prem capacity"
@@ -289,6 +297,7 @@ def _run_cost(placement_json: str | None, hours: float, nodes: int) -> float:
 # --- gang jobs and load balancing --------------------------------------------------------------------
 ZONE_CACHE_SECONDS = 600.0  # how long the zones a provider's offers list are reused
 LB_HISTORY_RUNS = 50  # measured runtimes per pool the performance/predictive plugins read
+KEPT_PLACEMENTS = 4096  # placements of deadline-free requests kept across cycles (least recently used go)
 
 
 def _pool_name(option: PlacementOption) -> str:
@@ -353,6 +362,13 @@ class Scheduler:
         self.preemption_grace_seconds: float | None = None
         # Per cycle only (rebuilt from the store each cycle): placements by request, budget alerts.
         self._placements: dict[Any, PlacementResult] = {}
+        # Placements of requests without a deadline kept across cycles (see _result), bounded, and what
+        # step 4 needs to add the savings baselines to a recorded placement.
+        self._kept_placements: collections.OrderedDict[Any, list[Any]] = collections.OrderedDict()
+        self._placement_inputs: tuple[Any, ...] = ()
+        self._enabled: set[str] = set(state.providers)
+        self._inputs: dict[str, tuple[Any, datetime, list[Offer]]] = {}
+        self._cycle_baselines: dict[Any, Any] = {}
         self._alerts: list[tuple[str, str]] = []
         self._preempted = 0
         self._cycle_now: datetime = self.clock.now()
@@ -471,6 +487,8 @@ class Scheduler:
             now = self.clock.now()
             self._placements, self._alerts, self._preempted = {}, [], 0
             self._gang_plans, self._notes, self._lb_running, self._lb_runtimes = {}, {}, None, {}
+            self._inputs, self._cycle_baselines = {}, {}
+            self._check_placement_inputs()
 
             t0 = time.perf_counter()
             heads, failed_parse = self._heads(now)
@@ -616,8 +634,13 @@ class Scheduler:
                 deadline: bool = True) -> PlacementResult:
         """Placement of ``job`` over the catalog + ``extra``, cached for the cycle. Jobs asking the same
         thing get the same placement (placement is pure): the key is the request without its name.
-        ``deadline=False`` places without the deadline (to price what meeting it costs)."""
-        enabled = set(self.state.providers)
+        ``deadline=False`` places without the deadline (to price what meeting it costs).
+
+        A request without a deadline places the same at any time (the deadline is the only input of
+        placement that reads ``now``), so its result is also kept across cycles (:meth:`_kept`) while the
+        catalog, the egress model, the interruption model and the extra offers stay the same. Savings
+        baselines are left out here; :meth:`_baselines` adds them to the placements that are recorded."""
+        enabled = self._enabled
         request = job.request
         allowed = tuple(p for p in (request.providers or tuple(enabled)) if p in enabled)
         key = dataclasses.replace(request, name="", providers=tuple(sorted(allowed)))
@@ -627,13 +650,69 @@ class Scheduler:
         result = self._placements.get(cache_key)
         t0 = time.perf_counter()
         if result is None:
-            result = self.state.place(dataclasses.replace(key, name=request.name), now=now,
-                                      extra_offers=extra, top=8)
+            kept = self._kept(cache_key, extra)
+            if kept is not None:
+                result = kept[1]
+            else:
+                result = self.state.place(dataclasses.replace(key, name=request.name), now=now,
+                                          extra_offers=extra, top=8, baselines=False)
+                if key.deadline is None:
+                    self._keep(cache_key, extra, result)
             self._placements[cache_key] = result
         elif result.job != request.name:
             result = dataclasses.replace(result, job=request.name)
+        if deadline:  # what step 4 needs to add the baselines if this job's placement is recorded
+            self._inputs[job.id] = (cache_key, now, extra)
         self.metrics.placement_latency.observe(time.perf_counter() - t0)
         return result
+
+    def _kept(self, cache_key: Any, extra: list[Offer]) -> list[Any] | None:
+        """The entry ``[extra, result, baselines or None]`` kept across cycles for ``cache_key``, when its
+        extra offers equal ``extra`` (else ``None``)."""
+        hit = self._kept_placements.get(cache_key)
+        if hit is None or hit[0] != extra:
+            return None
+        self._kept_placements.move_to_end(cache_key)
+        return hit
+
+    def _keep(self, cache_key: Any, extra: list[Offer], result: PlacementResult) -> None:
+        self._kept_placements[cache_key] = [list(extra), result, None]
+        self._kept_placements.move_to_end(cache_key)
+        while len(self._kept_placements) > KEPT_PLACEMENTS:
+            self._kept_placements.popitem(last=False)
+
+    def _check_placement_inputs(self) -> None:
+        """Forget the placements kept across cycles when an input of placement other than the request
+        changed (a refreshed catalog, new edge sites in the egress model, a new interruption model)."""
+        from pricing.interruption import load_interruptions
+
+        inputs = (self.state.catalog, self.state.egress_model(), load_interruptions())
+        if len(inputs) != len(self._placement_inputs) or any(
+                a is not b for a, b in zip(inputs, self._placement_inputs, strict=True)):
+            self._kept_placements.clear()
+            self._placement_inputs = inputs
+        self._enabled = set(self.state.providers)
+
+    def _baselines(self, job: QueuedJob, result: PlacementResult) -> Any:
+        """The savings baselines of ``job``'s placement ``result`` (as ``place(..., baselines=True)``
+        computes them), once per distinct request: memoised for the cycle, and across cycles with the kept
+        placement of a request without a deadline."""
+        inputs = self._inputs.get(job.id)
+        if inputs is None or result.placement is None:
+            return {}
+        cache_key, now, extra = inputs
+        got = self._cycle_baselines.get(cache_key)
+        if got is None:
+            kept = self._kept(cache_key, extra)
+            if kept is not None and kept[2] is not None:
+                got = kept[2]
+            else:
+                got = self.state.baselines(dataclasses.replace(cache_key[0], name=job.request.name), result,
+                                           now=now, extra_offers=extra)
+                if kept is not None and kept[1].placement == result.placement:
+                    kept[2] = got
+            self._cycle_baselines[cache_key] = got
+        return got
 
     def _ranked(self, result: PlacementResult) -> list[PlacementOption]:
         enabled = set(self.state.providers)
@@ -1194,7 +1273,8 @@ class Scheduler:
                 ))
                 records.append(dict(
                     job_id=job.id, namespace=job.namespace, request=job.request,
-                    result=dataclasses.replace(result, placement=chosen), policy="cost",
+                    result=dataclasses.replace(result, placement=chosen, baselines=self._baselines(job, result)),
+                    policy="cost",
                     catalog_version=self.state.catalog_version, now=now, kind="placement",
                 ))
                 self.metrics.queue_wait.observe(max(0.0, (now - job.created_at).total_seconds()))
@@ -1441,11 +1521,9 @@ class Scheduler:
             transitions = [t for t in transitions if t.job_id in live]
             apply_transitions(session, transitions, now=now)
             try:
-                from broker.decisions import record_outcome
+                from broker.decisions import record_outcomes
 
-                for job_id, hours in outcomes:
-                    if job_id in live:
-                        record_outcome(session, job_id, hours, now)
+                record_outcomes(session, [(job_id, hours) for job_id, hours in outcomes if job_id in live], now)
             except ImportError:  # pragma: no cover
                 pass
             self.charge_runs(session, [c for job_id, c in charges.items() if job_id in live], now)
