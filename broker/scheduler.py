@@ -318,11 +318,13 @@ def _nodes_that_fit(free: dict[str, float] | None, request: Request) -> int:
     return int(max(0.0, min(n, 10_000.0)))
 
 
-def _option_json(option: PlacementOption) -> str:
+def _option_json(option: PlacementOption, extra: dict[str, str] | None = None) -> str:
     d = option.to_dict()
     d["site"] = option.site
     d["finish_hours"] = option.finish_hours
     d["arch"] = option.arch
+    if extra:  # a warm pool's binding (pool, pool_instance)
+        d.update(extra)
     return json.dumps(d)
 
 
@@ -389,6 +391,9 @@ class Scheduler:
         # --- end gang / load balancing ---
         # Fleet operations (issue 14, broker.ops.service): called with the cycle's time after step 7.
         self.cycle_hooks: list[Callable[[datetime], Any]] = []
+        # Warm pools (broker.ops.warm.WarmPools, set by install_ops): jobs of a pool's namespace/queue go onto
+        # its warm instances in step 4 and start there in step 5.
+        self.warm: Any = None
 
     # ------------------------------------------------------------------------------ loop and leadership
 
@@ -497,6 +502,8 @@ class Scheduler:
 
             t0 = time.perf_counter()
             snapshot = self._snapshot(now) if heads else Snapshot(now)
+            if heads and self.warm is not None:
+                self.warm.begin(now)
             self._timed(report, "2-snapshot", t0)
 
             t0 = time.perf_counter()
@@ -693,6 +700,10 @@ class Scheduler:
             self._placement_inputs = inputs
         self._enabled = set(self.state.providers)
 
+    def _binding(self, job_id: str, option: PlacementOption) -> dict[str, str] | None:
+        """The warm-pool binding of ``job_id`` when ``option`` is its warm option (else ``None``)."""
+        return self.warm.binding(job_id, option) if self.warm is not None else None
+
     def _baselines(self, job: QueuedJob, result: PlacementResult) -> Any:
         """The savings baselines of ``job``'s placement ``result`` (as ``place(..., baselines=True)``
         computes them), once per distinct request: memoised for the cycle, and across cycles with the kept
@@ -758,6 +769,14 @@ class Scheduler:
         # --- end edge ---
         result = self._result(job, snapshot.now, extra, edge_sig)
         ranked = self._ranked(result)
+        # --- warm pools: a job of a pool's namespace/queue runs on a warm instance with room ---
+        warm = self.warm.choose(job, snapshot.now) if self.warm is not None else None
+        if warm is not None:
+            option, note = warm
+            fallback = [o for o in ranked if o.provider != "onprem" and o.site != "onprem"]
+            return dataclasses.replace(result, explanation=f"{note}. {result.explanation}".strip()), \
+                [option, *fallback], note
+        # --- end warm pools ---
         if not ranked:
             if edge_waiting:  # edge: its device went silent with the task; wait for it within the job's wait
                 return result, None, f"waiting for edge device {', '.join(edge_waiting)} to come back"
@@ -1264,8 +1283,8 @@ class Scheduler:
                     data={"provider": chosen.provider, "region": chosen.region,
                           "instance_type": chosen.instance_type, "total_usd": chosen.total_usd,
                           **self._notes.get(job.id, {})},  # gang parts, load-balancing choice
-                    fields={"placement_json": _option_json(chosen), "provider": chosen.provider,
-                            "region": chosen.region, "held_reason": None},
+                    fields={"placement_json": _option_json(chosen, self._binding(job.id, chosen)),
+                            "provider": chosen.provider, "region": chosen.region, "held_reason": None},
                 ))
                 transitions.append(Transition(
                     job.id, JobState.PLACED, JobState.PROVISIONING, reason="provisioning",
@@ -1360,7 +1379,16 @@ class Scheduler:
             if not self.leader.still_leads():  # deposed meanwhile: the next leader adopts or requeues the rest
                 break
             plan = self._gang_plans.get(job.id)
-            if plan is not None and len(plan) > 1:  # gang: one launch per host/zone, all or nothing
+            if self._binding(job.id, options[0]) is not None:  # warm pool: run on its instance, else the rest
+                outcome = self.warm.launch(job, request_id, {TAG_JOB: job.id, TAG_NAMESPACE: job.namespace})
+                if not outcome.ok and len(options) > 1:
+                    rest = provision(
+                        options[1:], self.state.get_provider, request_id=request_id,
+                        tags={TAG_JOB: job.id, TAG_NAMESPACE: job.namespace}, job=job.spec, retry=PROVISION_RETRY,
+                        clock=self.clock, blocklist=self.blocklist, count=1,
+                    )
+                    outcome = dataclasses.replace(rest, attempts=[*outcome.attempts, *rest.attempts])
+            elif plan is not None and len(plan) > 1:  # gang: one launch per host/zone, all or nothing
                 outcome = self._launch_gang(job, request_id, plan, options[0])
             else:
                 outcome = provision(
@@ -1397,7 +1425,7 @@ class Scheduler:
                         data={"instances": [i.id for i in outcome.instances]},
                         fields={"instances_json": _instances_json(outcome.instances),
                                 "provider": opt.provider, "region": opt.region,
-                                "placement_json": _option_json(opt),
+                                "placement_json": _option_json(opt, self._binding(job.id, opt)),
                                 "dry_run": any(i.dry_run for i in outcome.instances), "started_at": now},
                     ))
                 else:
