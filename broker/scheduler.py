@@ -1467,19 +1467,17 @@ class Scheduler:
     def _poll(self, now: datetime) -> int:
         # edge: device task states come from the store (the gateway writes them), not provider.instances()
         edge_done = self.edge.runner.sweep(now) if self.edge is not None else 0
-        with self.store.read() as session:
-            running = list(session.execute(
-                sa.select(_jobs.c.id, _jobs.c.provider, _jobs.c.instances_json, _jobs.c.retries,
-                          _jobs.c.spec_json, _jobs.c.created_at, _jobs.c.started_at, _jobs.c.namespace,
-                          _jobs.c.placement_json, _jobs.c.vcpus, _jobs.c.memory_gib, _jobs.c.gpus, _jobs.c.dry_run)
+        with self.store.read() as session:  # first only what tells whether a run changed
+            light = list(session.execute(
+                sa.select(_jobs.c.id, _jobs.c.provider, _jobs.c.instances_json)
                 .where(_jobs.c.state == JobState.RUNNING.value)
             ))
         if self.edge is not None:
-            running = [r for r in running if r.provider != "edge"]
-        if not running:
+            light = [r for r in light if r.provider != "edge"]
+        if not light:
             return edge_done
         by_provider: dict[str, dict[str, Instance]] = {}
-        for name in {r.provider for r in running if r.provider}:
+        for name in {r.provider for r in light if r.provider}:
             try:
                 provider = self.state.get_provider(name)
                 by_provider[name] = {i.id: i for i in provider.instances(None)}
@@ -1488,6 +1486,21 @@ class Scheduler:
             except ProviderError as exc:
                 self.metrics.provider_errors.labels(name, exc.kind).inc()
                 log.warning("polling %s failed: %s", name, exc)
+        changed = self._changed_runs(light, by_provider)
+        if not changed:
+            return edge_done
+        running: list[Any] = []
+        with self.store.read() as session:
+            for start in range(0, len(changed), 900):
+                running.extend(session.execute(
+                    sa.select(_jobs.c.id, _jobs.c.provider, _jobs.c.instances_json, _jobs.c.retries,
+                              _jobs.c.spec_json, _jobs.c.created_at, _jobs.c.started_at, _jobs.c.namespace,
+                              _jobs.c.placement_json, _jobs.c.vcpus, _jobs.c.memory_gib, _jobs.c.gpus,
+                              _jobs.c.dry_run)
+                    .where(_jobs.c.id.in_(changed[start:start + 900]), _jobs.c.state == JobState.RUNNING.value)
+                ))
+        rank = {job_id: n for n, job_id in enumerate(changed)}
+        running.sort(key=lambda r: rank[r.id])  # the order of the first read
         transitions: list[Transition] = []
         to_terminate: list[tuple[str, list[str], str]] = []
         outcomes: list[tuple[str, float]] = []
@@ -1559,6 +1572,19 @@ class Scheduler:
         for provider, ids, request_id in to_terminate:
             self.state.terminate_instances(provider, ids, request_id)
         return len(transitions) + edge_done
+
+    @staticmethod
+    def _changed_runs(light: list[Any], by_provider: dict[str, dict[str, Instance]]) -> list[str]:
+        """Ids of the RUNNING jobs step 6 must look at, in ``light``'s order: a job whose instances are all
+        known and none ended (succeeded, failed, terminated) gets no transition there."""
+        ended = (InstanceState.SUCCEEDED, InstanceState.FAILED, InstanceState.TERMINATED)
+        changed = []
+        for r in light:
+            known = by_provider.get(r.provider or "")
+            if known is not None and any((i := known.get(iid)) is None or i.state in ended
+                                         for iid in _instance_ids(r.instances_json)):
+                changed.append(r.id)
+        return changed
 
     # 7 ---------------------------------------------------------------------------------------------
     def _requeue(self, now: datetime) -> int:

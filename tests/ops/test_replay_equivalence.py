@@ -6,7 +6,8 @@ deadline misses and spend.
 The shortcuts: placements of deadline-free requests kept across cycles and their baselines computed only
 for recorded decisions (reference: a fresh ``place(..., baselines=True)`` for every request of every cycle);
 one batched outcome write per cycle (reference: :func:`broker.decisions.record_outcome` per job); the
-baselines' per-region totals without building options (reference: :func:`best_per_location`)."""
+baselines' per-region totals without building options (reference: :func:`best_per_location`); step 6
+reading full rows only of jobs whose instances changed (reference: every RUNNING job's)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ def _reference(monkeypatch: pytest.MonkeyPatch) -> None:
     from broker.scheduler import Scheduler
 
     monkeypatch.setattr(Scheduler, "_kept", lambda self, cache_key, extra: None)
+    monkeypatch.setattr(Scheduler, "_changed_runs", staticmethod(lambda light, by_provider: [r.id for r in light]))
 
     def eager_baselines(self: Scheduler, job: Any, result: Any) -> Any:
         cache_key, now, extra = self._inputs[job.id]
