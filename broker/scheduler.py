@@ -82,6 +82,7 @@ from policies.loadbalance import Pool as LBPool
 from policies.loadbalance import choose_pool
 from policies.queueing import UsageVector
 from policies.workload import Resources, Workload
+from providers.base import TAG_ON, TAG_POOL
 
 __all__ = [
     "Scheduler",
@@ -1640,8 +1641,9 @@ class Scheduler:
                 if hasattr(provider, "adopt"):  # on-prem: runs a previous leader started in the shared data dir
                     provider.adopt()
                 for inst in provider.instances(None):
-                    if TAG_JOB in inst.tags:
-                        found.setdefault(inst.tags[TAG_JOB], []).append(inst)
+                    if TAG_JOB in inst.tags and (TAG_POOL not in inst.tags or TAG_ON in inst.tags):
+                        found.setdefault(inst.tags[TAG_JOB], []).append(inst)  # (a warm pool's own instance
+                        # is the pool's, not a job's; a run on it is the job's)
                 listing_ok.add(name)
             except Exception as exc:  # noqa: BLE001
                 log.warning("reconcile: cannot list instances of %s: %s", name, exc)

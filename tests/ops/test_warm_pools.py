@@ -84,6 +84,9 @@ def test_jobs_run_on_the_warm_instances_and_scale_in_keeps_the_busy_one(tmp_path
         put_pool(session, "warm", _pool("warm", lo=2, hi=4), clock.now())
     hb.ops.autoscaler.reconcile(clock.now())
     vm0, vm1 = _vms(aws, "warm")
+    from providers.sweeper import find_orphans
+
+    assert find_orphans(aws, set(), clock.now() + timedelta(hours=1), 0) == []  # the sweeper leaves them be
     # A (6 vCPU) fills vm0 best-fit; B (4 vCPU) no longer fits there and goes to vm1, the newest instance
     _submit(hb, clock, "team", [job_doc("a", cpu="6", memory="8Gi", hours=0.5),
                                 job_doc("b", cpu="4", memory="8Gi", hours=2)])
@@ -100,6 +103,9 @@ def test_jobs_run_on_the_warm_instances_and_scale_in_keeps_the_busy_one(tmp_path
     assert runs[a_run["id"]].tags[TAG_ON] == vm0
     own = [i for i in runs.values() if TAG_POOL not in i.tags and TAG_ON not in i.tags]
     assert len(own) == 1 and own[0].tags["hb-job"] == jobs["c"].id  # only c got a new instance
+    # a restart's reconciliation keeps the pool's instances and the runs on them
+    assert hb.scheduler.reconcile()["terminated"] == 0 and _vms(aws, "warm") == [vm0, vm1]
+    assert all(i.state.value == "running" for i in aws.instances({"hb-job": jobs["a"].id}))
     with hb.store.read() as session:
         rec = session.execute(sa.select(DecisionRecord.__table__).where(  # type: ignore[attr-defined]
             DecisionRecord.__table__.c.job_id == jobs["a"].id)).one()  # type: ignore[attr-defined]
