@@ -239,7 +239,8 @@ class Consolidator:
                 if left <= 0 or work / left > spec.policy.scale_out_utilization + 1e-9:
                     continue  # the autoscaler would scale right out again
                 acted.append(self._release(spec, action, load.get(action.node, VmLoad()), now))
-                kept.remove(action.node)
+                if acted[-1]["released"]:
+                    kept.remove(action.node)
             if acted:
                 self._last[spec.name] = now
                 self._store(spec, row, kept, acted, now)
@@ -257,14 +258,17 @@ class Consolidator:
         moved = self.state.ops.health.requeue(victims, now, "consolidation") if victims else []
         try:
             self.state.get_provider(spec.provider).terminate([vm], f"pool-{spec.name}-consolidation")
-        except Exception as exc:  # noqa: BLE001 - the instance stays listed; the next round tries again
+        except Exception as exc:  # noqa: BLE001 - it stays in the pool, cordoned, empty: the next round retries
             log.warning("pool %s: terminating %s after consolidation failed: %s", spec.name, vm, exc)
+            return {"pool": spec.name, "instance": vm, "moved": moved, "to": dest, "released": False,
+                    "reason": f"consolidation: moved {len(moved)} job(s) off {vm}; terminating it failed: {exc}",
+                    "saving_usd_per_hour": 0.0}
         self.warm.cordoned.discard(vm)
         self.state.metrics.consolidations.labels(spec.name).inc()
         text = (f"consolidation: released {vm} (${action.saving_usd_per_hour:.4f}/h saved); moved "
                 f"{len(moved)} job(s) to {dest or 'nothing'}")
         log.info("pool %s: %s", spec.name, text)
-        return {"pool": spec.name, "instance": vm, "moved": moved, "to": dest, "reason": text,
+        return {"pool": spec.name, "instance": vm, "moved": moved, "to": dest, "released": True, "reason": text,
                 "saving_usd_per_hour": action.saving_usd_per_hour}
 
     def _store(self, spec: PoolSpec, row: Any, kept: list[str], acted: list[dict[str, Any]], now: datetime) -> None:
@@ -273,12 +277,13 @@ class Consolidator:
                                       .where(_pools.c.name == spec.name)).first()
             if current is None:
                 return
-            released = {a["instance"] for a in acted}
+            released = {a["instance"] for a in acted if a["released"]}
             instances = [i for i in json.loads(current.instances_json or "[]") if i not in released]
             decisions = json.loads(current.recommendations_json or "[]")
-            for k, a in enumerate(acted):
-                after = len(instances) + len(acted) - k - 1
-                decisions.append({"at": now.isoformat(), "from": after + 1, "to": after, "reason": a["reason"]})
+            n = len(instances) + len(released)
+            for a in acted:
+                decisions.append({"at": now.isoformat(), "from": n, "to": n - a["released"], "reason": a["reason"]})
+                n -= a["released"]
             session.execute(sa.update(_pools).where(_pools.c.name == spec.name).values(
                 instances_json=json.dumps(instances), desired=len(instances), last_scale_at=now,
                 recommendations_json=json.dumps(decisions[-20:]), updated_at=now))
