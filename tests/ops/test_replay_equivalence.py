@@ -32,7 +32,7 @@ hosts:
   - {name: h0, site: dc1, vcpus: 8, memory_gib: 32, owned_usd_per_hour: 0}
   - {name: h1, site: dc1, vcpus: 8, memory_gib: 32, owned_usd_per_hour: 0}
 """
-JOBS = 60
+JOBS = 40
 QUOTA = {"apiVersion": "hybrid-broker/v1", "kind": "ResourceQuota",
          "metadata": {"name": "q", "namespace": "team-b"}, "spec": {"hard": {"requests.cpu": "24"}}}
 
@@ -71,7 +71,7 @@ def _run(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
 
     inv = tmp_path / "fleet.yaml"
     inv.write_text(FLEET)
-    trace = synthetic_trace(JOBS, start=START, days=0.1, namespaces=("team-a", "team-b"), seed=7,
+    trace = synthetic_trace(JOBS, start=START, days=0.07, namespaces=("team-a", "team-b"), seed=7,
                             deadline_fraction=0.5)
     root = tmp_path / name
     root.mkdir()
@@ -114,7 +114,8 @@ def test_the_replay_decides_the_same_with_and_without_its_shortcuts(tmp_path: Pa
     # the trace exercises what the shortcuts touch: on-prem and cloud, deadlines, outcomes, baselines
     assert fast.jobs == JOBS and fast.succeeded > JOBS * 0.9
     assert {"onprem", "aws"} <= set(fast.jobs_by_provider)
-    assert sum(1 for rs in fast_records.values() for r in rs if r["baselines"] and r["runtime_hours"] is not None) > 40
+    recorded = [r for rs in fast_records.values() for r in rs if r["baselines"] and r["runtime_hours"] is not None]
+    assert len(recorded) > JOBS * 0.6
     assert fast_places < ref_places / 1.5  # the kept placements were used
     assert fast_jobs == ref_jobs
     assert fast_records == ref_records
