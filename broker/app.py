@@ -203,17 +203,30 @@ class AppState:
         return cached[1]
 
     def place(
-        self, request: PlacementRequest, *, now: datetime, extra_offers: list[Offer] | None = None, top: int = 5
+        self, request: PlacementRequest, *, now: datetime, extra_offers: list[Offer] | None = None, top: int = 5,
+        baselines: bool = True,
     ) -> PlacementResult:
         """Placement of ``request`` over the catalog plus :meth:`extra_offers` (the ``broker place`` logic),
-        with data transfer priced by :meth:`egress_model`."""
+        with data transfer priced by :meth:`egress_model`. ``baselines=False`` leaves the savings baselines
+        out (the scheduler adds them with :meth:`baselines` only to the placements it records)."""
         if self.catalog is None:
             raise BrokerError("the catalog is not loaded. To fix: check BROKER_CATALOG_DIR and the server log")
         from policies.placement import place  # type: ignore[attr-defined]
 
         extra = self.extra_offers() if extra_offers is None else extra_offers
         return place(request, self.catalog, self.egress_model(), top=top, now=now, extra_offers=extra,
-                     baselines=True)
+                     baselines=baselines)
+
+    def baselines(self, request: PlacementRequest, result: PlacementResult, *, now: datetime,
+                  extra_offers: list[Offer]) -> dict[str, Any]:
+        """The savings baselines of ``result`` (a :meth:`place` of ``request`` at ``now`` over
+        ``extra_offers``), exactly as ``place(..., baselines=True)`` computes them."""
+        if self.catalog is None:
+            raise BrokerError("the catalog is not loaded. To fix: check BROKER_CATALOG_DIR and the server log")
+        from policies.placement.baselines import decision_baselines
+
+        return decision_baselines(request, self.catalog, self.egress_model(), result, now=now,
+                                  extra_offers=extra_offers)
 
     def get_provider(self, name: str) -> Any:
         """The provider named ``name``; raises a provider error when it is not enabled here."""

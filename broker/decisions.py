@@ -16,12 +16,14 @@ JSON columns stay the complete truth.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, insert
+from sqlalchemy import JSON, Column, DateTime, insert, update
+from sqlalchemy import select as sa_select
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from broker.model import PlacementOption, PlacementResult, Request
@@ -32,6 +34,7 @@ __all__ = [
     "record_decision",
     "record_decisions",
     "record_outcome",
+    "record_outcomes",
     "query_decisions",
     "request_to_dict",
     "option_to_dict",
@@ -98,7 +101,17 @@ def as_utc(value: datetime | None) -> datetime | None:
     return value.astimezone(UTC)
 
 
+_PLAIN = frozenset({str, int, float, bool, type(None)})  # exact types: an Enum subclassing str is not plain
+
+
+@functools.lru_cache(maxsize=64)
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
 def _jsonable(value: Any) -> Any:
+    if type(value) in _PLAIN:  # most values (option fields): returned as they are, without the checks below
+        return value
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, datetime):
@@ -106,7 +119,7 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, tuple | list):
         return [_jsonable(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {name: _jsonable(getattr(value, name)) for name in _field_names(type(value))}
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     return value
@@ -265,6 +278,48 @@ def record_outcome(
     session.add(record)
     session.flush()
     return record
+
+
+def record_outcomes(session: Session, outcomes: Sequence[tuple[str, float]], finished_at: datetime) -> int:
+    """:func:`record_outcome` for many jobs that finished at ``finished_at`` (the scheduler's path: one read
+    of their latest placement records and one executemany update instead of a query and a flush per job).
+    ``outcomes`` are ``(job_id, runtime_hours)``; the values written are those of :func:`record_outcome`.
+    Never commits; returns how many records were updated. Raises ``ValueError`` for a negative runtime."""
+    hours_of: dict[str, float] = {}
+    for job_id, runtime_hours in outcomes:
+        if runtime_hours < 0:
+            raise ValueError(f"runtime_hours must be >= 0, got {runtime_hours}")
+        hours_of[job_id] = float(runtime_hours)
+    if not hours_of:
+        return 0
+    t = DecisionRecord.__table__  # type: ignore[attr-defined]
+    latest: dict[str, Any] = {}
+    ids = list(hours_of)
+    for start in range(0, len(ids), 900):  # under SQLite's bound-parameter limit
+        stmt = (
+            sa_select(t.c.id, t.c.job_id, t.c.chosen, t.c.nodes, t.c.deadline)
+            .where(t.c.job_id.in_(ids[start:start + 900]), t.c.kind == "placement", t.c.chosen.is_not(None))
+            .order_by(t.c.job_id, t.c.created_at, t.c.id)
+        )
+        for row in session.execute(stmt):
+            latest[row.job_id] = row  # ascending: the last one per job is its latest record
+    finished = as_utc(finished_at)
+    values = []
+    for job_id, row in latest.items():
+        if row.chosen is None:  # a JSON null
+            continue
+        runtime = hours_of[job_id]
+        hourly = float(row.chosen.get("hourly_usd", 0.0))
+        egress = float(row.chosen.get("egress_usd", 0.0))
+        deadline = as_utc(row.deadline)
+        values.append({
+            "id": row.id, "runtime_hours": runtime, "finished_at": finished,
+            "actual_cost_usd": hourly * max(1, row.nodes) * runtime + egress,
+            "deadline_met": None if deadline is None or finished is None else finished <= deadline,
+        })
+    if values:
+        session.execute(update(DecisionRecord), values)
+    return len(values)
 
 
 def query_decisions(

@@ -105,6 +105,10 @@ class Metrics:
             "hb_pool_replicas", "Replicas of a broker-owned pool (desired and current).", ["pool", "kind"],
             registry=self.registry,
         )
+        self.consolidations = Counter(
+            "hb_consolidation", "Pool instances released by consolidation (their work moved).", ["pool"],
+            registry=self.registry,
+        )
         self.alerts_firing = Gauge(
             "hb_alerts_firing", "Firing alerts by rule and severity.", ["rule", "severity"],
             registry=self.registry,

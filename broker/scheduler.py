@@ -54,8 +54,10 @@ refused once another replica's term has begun.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -93,6 +95,7 @@ from policies.loadbalance import Pool as LBPool
 from policies.loadbalance import choose_pool
 from policies.queueing import UsageVector
 from policies.workload import Resources, Workload
+from providers.base import TAG_ON, TAG_POOL
 
 __all__ = [
     "Scheduler",
@@ -231,7 +234,13 @@ def _instances_json(instances: Iterable[Instance]) -> str:
 def _instance_ids(text: str | None) -> list[str]:
     if not text:
         return []
-    return [i["id"] if isinstance(i, dict) else str(i) for i in json.loads(text)]
+    return list(_parsed_instance_ids(text))
+
+
+@functools.lru_cache(maxsize=16_384)
+def _parsed_instance_ids(text: str) -> tuple[str, ...]:
+    """The ids of a stored ``instances_json`` (memoised: step 6 reads every running job's each cycle)."""
+    return tuple(i["id"] if isinstance(i, dict) else str(i) for i in json.loads(text))
 
 
 WAIT_ONPREM = "waiting for on-prem capacity"
@@ -302,6 +311,7 @@ def _run_cost(placement_json: str | None, hours: float, nodes: int) -> float:
 # --- gang jobs and load balancing --------------------------------------------------------------------
 ZONE_CACHE_SECONDS = 600.0  # how long the zones a provider's offers list are reused
 LB_HISTORY_RUNS = 50  # measured runtimes per pool the performance/predictive plugins read
+KEPT_PLACEMENTS = 4096  # placements of deadline-free requests kept across cycles (least recently used go)
 
 
 def _pool_name(option: PlacementOption) -> str:
@@ -322,11 +332,13 @@ def _nodes_that_fit(free: dict[str, float] | None, request: Request) -> int:
     return int(max(0.0, min(n, 10_000.0)))
 
 
-def _option_json(option: PlacementOption) -> str:
+def _option_json(option: PlacementOption, extra: dict[str, str] | None = None) -> str:
     d = option.to_dict()
     d["site"] = option.site
     d["finish_hours"] = option.finish_hours
     d["arch"] = option.arch
+    if extra:  # a warm pool's binding (pool, pool_instance)
+        d.update(extra)
     return json.dumps(d)
 
 
@@ -401,6 +413,13 @@ class Scheduler:
         self.preemption_grace_seconds: float | None = None
         # Per cycle only (rebuilt from the store each cycle): placements by request, budget alerts.
         self._placements: dict[Any, PlacementResult] = {}
+        # Placements of requests without a deadline kept across cycles (see _result), bounded, and what
+        # step 4 needs to add the savings baselines to a recorded placement.
+        self._kept_placements: collections.OrderedDict[Any, list[Any]] = collections.OrderedDict()
+        self._placement_inputs: tuple[Any, ...] = ()
+        self._enabled: set[str] = set(state.providers)
+        self._inputs: dict[str, tuple[Any, datetime, list[Offer]]] = {}
+        self._cycle_baselines: dict[Any, Any] = {}
         self._alerts: list[tuple[str, str]] = []
         self._preempted = 0
         self._cycle_now: datetime = self.clock.now()
@@ -421,6 +440,9 @@ class Scheduler:
         # --- end gang / load balancing ---
         # Fleet operations (issue 14, broker.ops.service): called with the cycle's time after step 7.
         self.cycle_hooks: list[Callable[[datetime], Any]] = []
+        # Warm pools (broker.ops.warm.WarmPools, set by install_ops): jobs of a pool's namespace/queue go onto
+        # its warm instances in step 4 and start there in step 5.
+        self.warm: Any = None
 
     # ------------------------------------------------------------------------------ loop and leadership
 
@@ -525,6 +547,8 @@ class Scheduler:
             now = self.clock.now()
             self._placements, self._alerts, self._preempted = {}, [], 0
             self._gang_plans, self._notes, self._lb_running, self._lb_runtimes = {}, {}, None, {}
+            self._inputs, self._cycle_baselines = {}, {}
+            self._check_placement_inputs()
 
             t0 = time.perf_counter()  # 0: cancels requested through replicas that could not stop the run
             report.cancelled = carry_out_cancels(self.state, leader=True, capture=self.log_capture,
@@ -538,6 +562,8 @@ class Scheduler:
 
             t0 = time.perf_counter()
             snapshot = self._snapshot(now) if heads else Snapshot(now)
+            if heads and self.warm is not None:
+                self.warm.begin(now)
             self._timed(report, "2-snapshot", t0)
 
             t0 = time.perf_counter()
@@ -683,8 +709,13 @@ class Scheduler:
                 deadline: bool = True) -> PlacementResult:
         """Placement of ``job`` over the catalog + ``extra``, cached for the cycle. Jobs asking the same
         thing get the same placement (placement is pure): the key is the request without its name.
-        ``deadline=False`` places without the deadline (to price what meeting it costs)."""
-        enabled = set(self.state.providers)
+        ``deadline=False`` places without the deadline (to price what meeting it costs).
+
+        A request without a deadline places the same at any time (the deadline is the only input of
+        placement that reads ``now``), so its result is also kept across cycles (:meth:`_kept`) while the
+        catalog, the egress model, the interruption model and the extra offers stay the same. Savings
+        baselines are left out here; :meth:`_baselines` adds them to the placements that are recorded."""
+        enabled = self._enabled
         request = job.request
         allowed = tuple(p for p in (request.providers or tuple(enabled)) if p in enabled)
         key = dataclasses.replace(request, name="", providers=tuple(sorted(allowed)))
@@ -694,13 +725,73 @@ class Scheduler:
         result = self._placements.get(cache_key)
         t0 = time.perf_counter()
         if result is None:
-            result = self.state.place(dataclasses.replace(key, name=request.name), now=now,
-                                      extra_offers=extra, top=8)
+            kept = self._kept(cache_key, extra)
+            if kept is not None:
+                result = kept[1]
+            else:
+                result = self.state.place(dataclasses.replace(key, name=request.name), now=now,
+                                          extra_offers=extra, top=8, baselines=False)
+                if key.deadline is None:
+                    self._keep(cache_key, extra, result)
             self._placements[cache_key] = result
         elif result.job != request.name:
             result = dataclasses.replace(result, job=request.name)
+        if deadline:  # what step 4 needs to add the baselines if this job's placement is recorded
+            self._inputs[job.id] = (cache_key, now, extra)
         self.metrics.placement_latency.observe(time.perf_counter() - t0)
         return result
+
+    def _kept(self, cache_key: Any, extra: list[Offer]) -> list[Any] | None:
+        """The entry ``[extra, result, baselines or None]`` kept across cycles for ``cache_key``, when its
+        extra offers equal ``extra`` (else ``None``)."""
+        hit = self._kept_placements.get(cache_key)
+        if hit is None or hit[0] != extra:
+            return None
+        self._kept_placements.move_to_end(cache_key)
+        return hit
+
+    def _keep(self, cache_key: Any, extra: list[Offer], result: PlacementResult) -> None:
+        self._kept_placements[cache_key] = [list(extra), result, None]
+        self._kept_placements.move_to_end(cache_key)
+        while len(self._kept_placements) > KEPT_PLACEMENTS:
+            self._kept_placements.popitem(last=False)
+
+    def _check_placement_inputs(self) -> None:
+        """Forget the placements kept across cycles when an input of placement other than the request
+        changed (a refreshed catalog, new edge sites in the egress model, a new interruption model)."""
+        from pricing.interruption import load_interruptions
+
+        inputs = (self.state.catalog, self.state.egress_model(), load_interruptions())
+        if len(inputs) != len(self._placement_inputs) or any(
+                a is not b for a, b in zip(inputs, self._placement_inputs, strict=True)):
+            self._kept_placements.clear()
+            self._placement_inputs = inputs
+        self._enabled = set(self.state.providers)
+
+    def _binding(self, job_id: str, option: PlacementOption) -> dict[str, str] | None:
+        """The warm-pool binding of ``job_id`` when ``option`` is its warm option (else ``None``)."""
+        return self.warm.binding(job_id, option) if self.warm is not None else None
+
+    def _baselines(self, job: QueuedJob, result: PlacementResult) -> Any:
+        """The savings baselines of ``job``'s placement ``result`` (as ``place(..., baselines=True)``
+        computes them), once per distinct request: memoised for the cycle, and across cycles with the kept
+        placement of a request without a deadline."""
+        inputs = self._inputs.get(job.id)
+        if inputs is None or result.placement is None:
+            return {}
+        cache_key, now, extra = inputs
+        got = self._cycle_baselines.get(cache_key)
+        if got is None:
+            kept = self._kept(cache_key, extra)
+            if kept is not None and kept[2] is not None:
+                got = kept[2]
+            else:
+                got = self.state.baselines(dataclasses.replace(cache_key[0], name=job.request.name), result,
+                                           now=now, extra_offers=extra)
+                if kept is not None and kept[1].placement == result.placement:
+                    kept[2] = got
+            self._cycle_baselines[cache_key] = got
+        return got
 
     def _ranked(self, result: PlacementResult) -> list[PlacementOption]:
         enabled = set(self.state.providers)
@@ -746,6 +837,14 @@ class Scheduler:
         # --- end edge ---
         result = self._result(job, snapshot.now, extra, edge_sig)
         ranked = self._ranked(result)
+        # --- warm pools: a job of a pool's namespace/queue runs on a warm instance with room ---
+        warm = self.warm.choose(job, snapshot.now) if self.warm is not None else None
+        if warm is not None:
+            option, note = warm
+            fallback = [o for o in ranked if o.provider != "onprem" and o.site != "onprem"]
+            return dataclasses.replace(result, explanation=f"{note}. {result.explanation}".strip()), \
+                [option, *fallback], note
+        # --- end warm pools ---
         if not ranked:
             if edge_waiting:  # edge: its device went silent with the task; wait for it within the job's wait
                 return result, None, f"waiting for edge device {', '.join(edge_waiting)} to come back"
@@ -1254,8 +1353,8 @@ class Scheduler:
                     data={"provider": chosen.provider, "region": chosen.region,
                           "instance_type": chosen.instance_type, "total_usd": chosen.total_usd,
                           **self._notes.get(job.id, {})},  # gang parts, load-balancing choice
-                    fields={"placement_json": _option_json(chosen), "provider": chosen.provider,
-                            "region": chosen.region, "held_reason": None},
+                    fields={"placement_json": _option_json(chosen, self._binding(job.id, chosen)),
+                            "provider": chosen.provider, "region": chosen.region, "held_reason": None},
                 ))
                 transitions.append(Transition(
                     job.id, JobState.PLACED, JobState.PROVISIONING, reason="provisioning",
@@ -1263,7 +1362,8 @@ class Scheduler:
                 ))
                 records.append(dict(
                     job_id=job.id, namespace=job.namespace, request=job.request,
-                    result=dataclasses.replace(result, placement=chosen), policy="cost",
+                    result=dataclasses.replace(result, placement=chosen, baselines=self._baselines(job, result)),
+                    policy="cost",
                     catalog_version=self.state.catalog_version, now=now, kind="placement",
                 ))
                 self.metrics.queue_wait.observe(max(0.0, (now - job.created_at).total_seconds()))
@@ -1350,7 +1450,22 @@ class Scheduler:
             if not self.leader.still_leads():  # deposed meanwhile: the next leader adopts or requeues the rest
                 break
             plan = self._gang_plans.get(job.id)
-            if plan is not None and len(plan) > 1:  # gang: one launch per host/zone, all or nothing
+            if self._binding(job.id, options[0]) is not None:  # warm pool: run on its instance, else the rest
+                outcome = self.warm.launch(job, request_id, {TAG_JOB: job.id, TAG_NAMESPACE: job.namespace})
+                if not outcome.ok and len(options) > 1:
+                    try:
+                        rest = provision(
+                            options[1:], self.state.get_provider, request_id=request_id,
+                            tags={TAG_JOB: job.id, TAG_NAMESPACE: job.namespace}, job=job.spec,
+                            retry=job.spec.retry, clock=_RetryClock(self.clock, self._stop), blocklist=self.blocklist,
+                            rng=self.rng, count=1,
+                        )
+                    except _Stopping:
+                        log.warning("job %s: stopped while its launch waited to be retried; the next start "
+                                    "reconciles it", job.id)
+                        break
+                    outcome = dataclasses.replace(rest, attempts=[*outcome.attempts, *rest.attempts])
+            elif plan is not None and len(plan) > 1:  # gang: one launch per host/zone, all or nothing
                 outcome = self._launch_gang(job, request_id, plan, options[0])
             else:
                 try:
@@ -1393,7 +1508,7 @@ class Scheduler:
                         data={"instances": [i.id for i in outcome.instances]},
                         fields={"instances_json": _instances_json(outcome.instances),
                                 "provider": opt.provider, "region": opt.region,
-                                "placement_json": _option_json(opt),
+                                "placement_json": _option_json(opt, self._binding(job.id, opt)),
                                 "dry_run": any(i.dry_run for i in outcome.instances), "started_at": now},
                     ))
                 elif getattr(outcome, "exhausted", False):  # every option tried, each out of its retries
@@ -1441,20 +1556,18 @@ class Scheduler:
     def _poll(self, now: datetime) -> int:
         # edge: device task states come from the store (the gateway writes them), not provider.instances()
         edge_done = self.edge.runner.sweep(now) if self.edge is not None else 0
-        with self.store.read() as session:
-            running = list(session.execute(
-                sa.select(_jobs.c.id, _jobs.c.provider, _jobs.c.instances_json, _jobs.c.retries,
-                          _jobs.c.spec_json, _jobs.c.created_at, _jobs.c.started_at, _jobs.c.namespace,
-                          _jobs.c.placement_json, _jobs.c.vcpus, _jobs.c.memory_gib, _jobs.c.gpus, _jobs.c.dry_run)
+        with self.store.read() as session:  # first only what tells whether a run changed
+            light = list(session.execute(
+                sa.select(_jobs.c.id, _jobs.c.provider, _jobs.c.instances_json)
                 .where(_jobs.c.state == JobState.RUNNING.value, _jobs.c.cancel_requested_at.is_(None))
             ))
         if self.edge is not None:
-            running = [r for r in running if r.provider != "edge"]
-        self.log_capture.retain(r.id for r in running if r.provider == "onprem")  # bounded: running jobs only
-        if not running:
+            light = [r for r in light if r.provider != "edge"]
+        self.log_capture.retain(r.id for r in light if r.provider == "onprem")  # bounded: running jobs only
+        if not light:
             return edge_done
         by_provider: dict[str, dict[str, Instance]] = {}
-        for name in {r.provider for r in running if r.provider}:
+        for name in {r.provider for r in light if r.provider}:
             try:
                 provider = self.state.get_provider(name)
                 by_provider[name] = {i.id: i for i in provider.instances(None)}
@@ -1463,9 +1576,29 @@ class Scheduler:
             except ProviderError as exc:
                 self.metrics.provider_errors.labels(name, exc.kind).inc()
                 log.warning("polling %s failed: %s", name, exc)
+        changed = self._changed_runs(light, by_provider)
+        pool = self.state.providers.get("onprem")
+        seen = set(changed)
+        for r in light:  # running on-prem runs whose log tails are due: other replicas serve them from the store
+            ids = _instance_ids(r.instances_json)
+            if r.provider == "onprem" and r.id not in seen and ids and self.log_capture.due(pool, r.id, ids[0]):
+                changed.append(r.id)
+        if not changed:
+            return edge_done
+        running: list[Any] = []
+        with self.store.read() as session:
+            for start in range(0, len(changed), 900):
+                running.extend(session.execute(
+                    sa.select(_jobs.c.id, _jobs.c.provider, _jobs.c.instances_json, _jobs.c.retries,
+                              _jobs.c.spec_json, _jobs.c.created_at, _jobs.c.started_at, _jobs.c.namespace,
+                              _jobs.c.placement_json, _jobs.c.vcpus, _jobs.c.memory_gib, _jobs.c.gpus,
+                              _jobs.c.dry_run)
+                    .where(_jobs.c.id.in_(changed[start:start + 900]), _jobs.c.state == JobState.RUNNING.value)
+                ))
+        rank = {job_id: n for n, job_id in enumerate(changed)}
+        running.sort(key=lambda r: rank[r.id])  # the order of the first read
         transitions: list[Transition] = []
         to_terminate: list[tuple[str, list[str], str]] = []
-        pool = self.state.providers.get("onprem")
         tails_due: list[tuple[str, str]] = []  # running on-prem runs whose log tails are due to be stored
         tails_final: dict[str, str] = {}  # ended on-prem runs: their final tails
         outcomes: list[tuple[str, float]] = []
@@ -1539,11 +1672,9 @@ class Scheduler:
                 if job_id in live:
                     self.log_capture.capture(session, pool, job_id, iid, now=now, ended=True)
             try:
-                from broker.decisions import record_outcome
+                from broker.decisions import record_outcomes
 
-                for job_id, hours in outcomes:
-                    if job_id in live:
-                        record_outcome(session, job_id, hours, now)
+                record_outcomes(session, [(job_id, hours) for job_id, hours in outcomes if job_id in live], now)
             except ImportError:  # pragma: no cover
                 pass
             self.charge_runs(session, [c for job_id, c in charges.items() if job_id in live], now)
@@ -1551,6 +1682,19 @@ class Scheduler:
         for provider, ids, request_id in to_terminate:
             self.state.terminate_instances(provider, ids, request_id)
         return len(transitions) + edge_done
+
+    @staticmethod
+    def _changed_runs(light: list[Any], by_provider: dict[str, dict[str, Instance]]) -> list[str]:
+        """Ids of the RUNNING jobs step 6 must look at, in ``light``'s order: a job whose instances are all
+        known and none ended (succeeded, failed, terminated) gets no transition there."""
+        ended = (InstanceState.SUCCEEDED, InstanceState.FAILED, InstanceState.TERMINATED)
+        changed = []
+        for r in light:
+            known = by_provider.get(r.provider or "")
+            if known is not None and any((i := known.get(iid)) is None or i.state in ended
+                                         for iid in _instance_ids(r.instances_json)):
+                changed.append(r.id)
+        return changed
 
     # 7 ---------------------------------------------------------------------------------------------
     def _requeue(self, now: datetime) -> int:
@@ -1606,8 +1750,9 @@ class Scheduler:
                 if hasattr(provider, "adopt"):  # on-prem: runs a previous leader started in the shared data dir
                     provider.adopt()
                 for inst in provider.instances(None):
-                    if TAG_JOB in inst.tags:
-                        found.setdefault(inst.tags[TAG_JOB], []).append(inst)
+                    if TAG_JOB in inst.tags and (TAG_POOL not in inst.tags or TAG_ON in inst.tags):
+                        found.setdefault(inst.tags[TAG_JOB], []).append(inst)  # (a warm pool's own instance
+                        # is the pool's, not a job's; a run on it is the job's)
                 listing_ok.add(name)
             except Exception as exc:  # noqa: BLE001
                 log.warning("reconcile: cannot list instances of %s: %s", name, exc)

@@ -33,6 +33,9 @@ __all__ = [
     "TAG_JOB",
     "TAG_REQUEST",
     "TAG_DRY_RUN",
+    "TAG_POOL",
+    "TAG_ON",
+    "run_id",
     "launch_tags",
     "matches_tags",
     "reclaimed_error",
@@ -44,6 +47,8 @@ __all__ = [
 TAG_JOB = "hb-job"
 TAG_REQUEST = "hb-request"
 TAG_DRY_RUN = "hb-dry-run"
+TAG_POOL = "hb-pool"  # an instance a broker-owned pool keeps warm (broker.ops.autoscale): up until terminated
+TAG_ON = "hb-on"  # a run of a job on an already running (warm pool) instance: that instance's id
 
 
 class Capability(StrEnum):
@@ -56,6 +61,11 @@ class Capability(StrEnum):
     TAGS = "tags"  # instances carry tags, so reconciliation by tag works
     LIVE_PRICES = "live-prices"  # offers() pulls prices from the provider's own price API
     DRY_RUN = "dry-run"  # nothing real is created: instances are simulated and labelled dry_run
+    # runs a job on one of its already running instances (a warm pool's): ``run_on(instance_id, request_id,
+    # *, tags, job) -> Instance`` returns the run as an instance of its own (id ``run_id(...)``, tag hb-on),
+    # idempotent per request id; terminating the run stops the job, not the instance; terminating the
+    # instance ends its runs
+    WARM_RUNS = "warm-runs"
 
 
 @runtime_checkable
@@ -171,6 +181,13 @@ def reclaimed_error(inst: Instance, what: str = "was preempted", code: str = "pr
         provider=inst.provider, region=inst.region, request_id=inst.tags.get(TAG_REQUEST), code=code,
         retryable=True,
     )
+
+
+def run_id(instance_id: str, request_id: str) -> str:
+    """The id of the run of request ``request_id`` on instance ``instance_id`` (:attr:`Capability.WARM_RUNS`)."""
+    import hashlib
+
+    return f"{instance_id}~{hashlib.sha256(request_id.encode()).hexdigest()[:10]}"
 
 
 def matches_tags(have: Mapping[str, str], want: Mapping[str, str] | None) -> bool:

@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from broker.errors import ProviderError
 from broker.model import InstanceState
 
-from .base import TAG_JOB, TAG_REQUEST, Provider
+from .base import TAG_JOB, TAG_ON, TAG_POOL, TAG_REQUEST, Provider
 
 __all__ = ["Orphan", "Sweeper", "sweep"]
 
@@ -53,6 +53,8 @@ def find_orphans(provider: Provider, active_jobs: set[str], now: datetime, grace
         job = inst.tags.get(TAG_JOB, "")
         if TAG_REQUEST not in inst.tags or job in active_jobs:
             continue
+        if TAG_POOL in inst.tags and TAG_ON not in inst.tags:
+            continue  # a warm pool's own instance (broker.ops.autoscale keeps it), not a job's leftover
         if inst.launched_at is not None and inst.launched_at > cutoff:
             continue  # maybe a launch whose job row is not written yet
         if inst.state is InstanceState.TERMINATED and provider.name == "aws":

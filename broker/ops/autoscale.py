@@ -21,13 +21,15 @@ A pool document (``PUT /v1/ops/pools/{name}``, validated by :func:`parse_pool`):
       queueLengthPerReplica: 4     # custom metric (optional)
       queueWaitSeconds: 600        # custom metric (optional)
       predictive: {enabled: true, serviceSeconds: 1800, targetUtilization: 0.7, leadSeconds: 900}
+      consolidation: {enabled: true, maxDisrupted: 1, cooldownSeconds: 300}   # optional (broker.ops.warm)
 
 Utilization is the vCPU that the namespace's RUNNING jobs on the pool's provider and region request,
 over the pool's vCPU (an instance still booting counts as idle, as HPA counts unready pods). Each
 reconcile launches or terminates instances (request ids ``pool-<name>-<n>``, tag ``hb-pool``) to the
-decided count and stores the decision. Scale-in terminates the newest instances first.
-
-Not yet: the scheduler does not bind jobs to the warm instances (jobs are still provisioned on their own).
+decided count and stores the decision. Scale-in terminates the newest *idle* instances first: an instance
+with work bound to it (:func:`broker.ops.warm.pool_load`) is never removed, so the pool stays larger than
+decided until work ends (or consolidation moves it). Jobs of the pool's namespace/queue run on its
+instances (:mod:`broker.ops.warm`).
 """
 
 from __future__ import annotations
@@ -49,16 +51,17 @@ from broker.ops.samples import Sample
 from broker.ops.store import PoolRow
 from broker.store import JobRow, utc
 from policies.autoscale import MetricValue, ScalePolicy, decide
+from providers.base import TAG_POOL
 
 __all__ = ["PoolSpec", "parse_pool", "PoolAutoscaler", "put_pool", "list_pools", "TAG_POOL"]
 
 log = logging.getLogger("broker.ops.autoscale")
-TAG_POOL = "hb-pool"
 _pools = PoolRow.__table__  # type: ignore[attr-defined]
 _jobs = JobRow.__table__  # type: ignore[attr-defined]
 _SPEC_KEYS = {"namespace", "queue", "provider", "region", "instanceType", "minReplicas", "maxReplicas",
               "scaleOutUtilization", "scaleInUtilization", "targetUtilization", "stabilizationWindowSeconds",
-              "cooldownSeconds", "queueLengthPerReplica", "queueWaitSeconds", "predictive"}
+              "cooldownSeconds", "queueLengthPerReplica", "queueWaitSeconds", "predictive", "consolidation"}
+_CONSOLIDATION_KEYS = {"enabled", "maxDisrupted", "cooldownSeconds"}
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,9 @@ class PoolSpec:
     service_seconds: float = 1800.0
     forecast_target_utilization: float = 0.7
     lead_seconds: float = 900.0
+    consolidation: bool = False
+    consolidation_budget: int = 1
+    consolidation_cooldown_seconds: float = 300.0
 
     def offer(self) -> Offer:
         return Offer(InstanceType(self.instance_type, self.vcpus, self.memory_gib),
@@ -129,6 +135,15 @@ def parse_pool(doc: Any, name: str) -> PoolSpec:
     pred = spec.get("predictive") or {}
     if not isinstance(pred, Mapping):
         raise SpecError("spec.predictive", "expected a mapping")
+    cons = spec.get("consolidation") or {}
+    if not isinstance(cons, Mapping):
+        raise SpecError("spec.consolidation", "expected a mapping")
+    bad = sorted(set(map(str, cons)) - _CONSOLIDATION_KEYS)
+    if bad:
+        raise SpecError(f"spec.consolidation.{bad[0]}",
+                        f"unknown field. To fix: use one of {', '.join(sorted(_CONSOLIDATION_KEYS))}")
+    if not isinstance(cons.get("enabled", False), bool):
+        raise SpecError("spec.consolidation.enabled", "expected true or false")
     policy = ScalePolicy(min_replicas=lo, max_replicas=hi, scale_out_utilization=out_u, scale_in_utilization=in_u,
                          target_utilization=target,
                          scale_down_stabilization_seconds=_num(spec, "stabilizationWindowSeconds", "spec", 300, 0,
@@ -148,6 +163,9 @@ def parse_pool(doc: Any, name: str) -> PoolSpec:
         service_seconds=_num(pred, "serviceSeconds", "spec.predictive", 1800, 1, 86400 * 7) or 1800.0,
         forecast_target_utilization=_num(pred, "targetUtilization", "spec.predictive", 0.7, 0.05, 1.0) or 0.7,
         lead_seconds=_num(pred, "leadSeconds", "spec.predictive", 900, 0, 86400) or 0.0,
+        consolidation=bool(cons.get("enabled", False)),
+        consolidation_budget=int(_num(cons, "maxDisrupted", "spec.consolidation", 1, 1, 1000) or 1),
+        consolidation_cooldown_seconds=_num(cons, "cooldownSeconds", "spec.consolidation", 300, 0, 86400) or 0.0,
     )
 
 
@@ -274,12 +292,21 @@ class PoolAutoscaler:
             except Exception as exc:  # noqa: BLE001 - retried at the next reconcile
                 log.warning("pool %s: launching %d failed: %s", spec.name, desired - len(instances), exc)
         else:
-            drop = now_ids[desired:]
-            try:
-                provider.terminate(drop, f"pool-{spec.name}-scale-in")
-                now_ids = now_ids[:desired]
-            except Exception as exc:  # noqa: BLE001
-                log.warning("pool %s: terminating %s failed: %s", spec.name, drop, exc)
+            from broker.ops.warm import pool_load
+
+            with self.state.store.read() as session:
+                busy = set(pool_load(session, [spec.provider]))
+            idle = [i for i in reversed(now_ids) if i not in busy]  # newest first; work is never removed
+            drop = idle[:len(now_ids) - desired]
+            if len(drop) < len(now_ids) - desired:
+                log.info("pool %s: scale-in to %d keeps %d instance(s) that run work", spec.name, desired,
+                         len(now_ids) - desired - len(drop))
+            if drop:
+                try:
+                    provider.terminate(drop, f"pool-{spec.name}-scale-in")
+                    now_ids = [i for i in now_ids if i not in drop]
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("pool %s: terminating %s failed: %s", spec.name, drop, exc)
         return now_ids, instances
 
     def samples(self, now: datetime) -> list[Sample]:

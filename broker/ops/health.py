@@ -169,7 +169,7 @@ class HealthMonitor:
                               " old run fenced, re-placed from its last checkpoint")
                     victims.append((row, reason, {"lost": f"{kind}/{place}", "fenced_epoch": epoch,
                                                   "fenced_request_id": row.request_id}))
-        report.replaced += self._replace(victims, now, "host_lost")
+        report.replaced += self.requeue(victims, now, "host_lost")
 
     # -- probes -----------------------------------------------------------------------------------
 
@@ -223,7 +223,7 @@ class HealthMonitor:
                     session.execute(sa.delete(_probes).where(_probes.c.job_id == u["job_id"],
                                                              _probes.c.probe == u["probe"]))
                 session.execute(sa.insert(_probes), updates)
-        report.restarted += self._replace(restart, now, "liveness")
+        report.restarted += self.requeue(restart, now, "liveness")
 
     def _run_dir(self, row: Any) -> str | None:
         pool = self.state.providers.get("onprem")
@@ -241,7 +241,7 @@ class HealthMonitor:
 
     # -- moving work ------------------------------------------------------------------------------
 
-    def _replace(self, victims: list[tuple[Any, str, dict[str, Any]]], now: datetime, why: str) -> list[str]:
+    def requeue(self, victims: list[tuple[Any, str, dict[str, Any]]], now: datetime, why: str) -> list[str]:
         """Fence each victim's current run and requeue the job (RUNNING -> PENDING, new request id)."""
         if not victims:
             return []

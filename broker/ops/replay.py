@@ -133,13 +133,32 @@ def synthetic_trace(n: int, *, start: datetime, days: float = 1.0, namespaces: S
 def _replay_cloud(name: str, clock: Any) -> Any:
     """A :class:`providers.dryrun.DryRunProvider` that forgets a run once it is terminated: the scheduler
     lists instances every cycle, and a replay of 10,000 jobs must not list every run it ever made."""
+    from broker.model import InstanceState
     from providers.dryrun import DryRunProvider
 
     class ReplayCloud(DryRunProvider):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._listed: dict[str, Any] = {}  # run -> its Instance as last listed (rebuilt on a state change)
+
+        def instances(self, tags: Mapping[str, str] | None = None) -> list[Any]:
+            if tags:
+                return super().instances(tags)
+            now = self._clock.now()
+            out = []
+            with self._lock:
+                for iid, run in self._runs.items():
+                    seen = self._listed.get(iid)
+                    if seen is None or (seen.state is InstanceState.RUNNING and now >= run.ends_at):
+                        seen = self._listed[iid] = self._state(run)
+                    out.append(seen)
+            return out
+
         def terminate(self, ids: Sequence[str], request_id: str) -> None:
             with self._lock:
                 for iid in ids:
                     self._runs.pop(iid, None)
+                    self._listed.pop(iid, None)
 
     return ReplayCloud(name, clock=clock)
 

@@ -3,7 +3,8 @@ the scheduler (one call per cycle, after step 7).
 
 Each cycle: the collector (gauges; samples every ``BROKER_OPS_SAMPLE_SECONDS``, default 60); every
 ``BROKER_ALERT_EVAL_SECONDS`` (default 60) the alert engine evaluates and delivers; the health monitor
-(heartbeats, probes) and the pool autoscaler (the stored pools) run every cycle. Everything reads the app's
+(heartbeats, probes), the pool autoscaler (the stored pools) and consolidation (:mod:`broker.ops.warm`) run
+every cycle; :func:`install_ops` also gives the scheduler its warm-pool hook. Everything reads the app's
 clock, so tests and trace replays run in simulated time.
 
 Environment: ``BROKER_ALERT_WEBHOOK_URL`` and ``BROKER_ALERT_WEBHOOK_SECRET`` (both, or neither);
@@ -42,6 +43,10 @@ class OpsService:
 
         self.autoscaler: Any = PoolAutoscaler(state)
         self.collector.extra.append(self.autoscaler.samples)
+        from broker.ops.warm import Consolidator, WarmPools
+
+        self.warm = WarmPools(state)  # the scheduler's warm-pool hook (install_ops)
+        self.consolidator: Any = Consolidator(state, self.warm)
         self._last_eval: datetime | None = None
         self._usage_since: datetime | None = None
         self._usage_seen: set[str] = set()
@@ -51,6 +56,8 @@ class OpsService:
             self.health.check(now)
         if self.autoscaler is not None:
             self.autoscaler.reconcile(now)
+        if self.consolidator is not None:
+            self.consolidator(now)
         if self._usage_since is not None:
             from broker.ops.vpa import collect_onprem_usage
 
@@ -71,4 +78,5 @@ def install_ops(state: Any) -> OpsService:
     state.ops = ops
     if state.scheduler is not None:
         state.scheduler.cycle_hooks.append(ops)
+        state.scheduler.warm = ops.warm
     return ops

@@ -62,7 +62,7 @@ def decision_baselines(
     risk: Any = None,
 ) -> dict[str, Any]:
     """The baselines of ``result`` (see module docstring); ``{}`` when nothing was placed."""
-    from policies.placement.engine import best_per_location, place, price_offer
+    from policies.placement.engine import best_totals_per_location, place, price_offer
 
     chosen = result.placement
     if chosen is None:
@@ -80,8 +80,8 @@ def decision_baselines(
     else:
         ignore = chosen
     regions = {
-        loc: opt.total_usd
-        for loc, opt in best_per_location(request, catalog, egress, **kw).items()
-        if opt.site == SiteKind.CLOUD.value
+        loc: total
+        for loc, (total, site) in best_totals_per_location(request, catalog, egress, **kw).items()
+        if site == SiteKind.CLOUD.value
     }
     return {"on-demand": on_demand, "ignore-data": ignore, "regions": regions}

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -48,7 +48,10 @@ from pricing.egress import EgressModel
 from pricing.geo import continent_of
 from pricing.interruption import InterruptionModel, load_interruptions
 
-__all__ = ["place", "check_offer", "best_per_location", "price_offer", "FILTERS", "SCORES", "REASONS"]
+__all__ = [
+    "place", "check_offer", "best_per_location", "best_totals_per_location", "price_offer", "FILTERS", "SCORES",
+    "REASONS",
+]
 
 # Filter plugins in the order they are applied (a row is counted under the first reason that rejects it).
 FILTERS: dict[str, FilterFn] = {
@@ -122,6 +125,7 @@ def _loc_costs(request: Request, cat: Catalog, egress: EgressModel, risk: Interr
 
 
 _SPOT_CODE = CAPACITIES.index(Capacity.SPOT)
+_CAPACITY_VALUES = tuple(c.value for c in CAPACITIES)
 
 
 def _costs(request: Request, cat: Catalog, idx: np.ndarray, lc: _LocCosts, wait_hours: float) -> Costs:
@@ -342,13 +346,14 @@ def _options(cat: Catalog, c: Costs, js: list[int]) -> list[PlacementOption]:
             c.transfer_hours[ja].tolist(), c.total_usd[ja].tolist(), c.finish_hours[ja].tolist(),
             risk_usd[ja].tolist()]
     out = []
-    for n in range(len(js)):
-        loc = cat.locations[locs[n]]
-        vcpus, mem, gpus, hourly, compute, egress_usd, transfer, total, finish, risk = (col[n] for col in cols)
+    locations, zone_names, type_names, accelerators = cat.locations, cat.zones, cat.type_names, cat.accelerators
+    for n, values in enumerate(zip(*cols, strict=True)):
+        vcpus, mem, gpus, hourly, compute, egress_usd, transfer, total, finish, risk = values
+        loc = locations[locs[n]]
         out.append(PlacementOption(
-            provider=loc.provider, region=loc.region, zone=cat.zones[zones[n]] or None,
-            instance_type=cat.type_names[types[n]], capacity=CAPACITIES[caps[n]].value, vcpus=vcpus,
-            memory_gib=mem, gpus=gpus, accelerator=cat.accelerators[accs[n]] or None, hourly_usd=hourly,
+            provider=loc.provider, region=loc.region, zone=zone_names[zones[n]] or None,
+            instance_type=type_names[types[n]], capacity=_CAPACITY_VALUES[caps[n]], vcpus=vcpus,
+            memory_gib=mem, gpus=gpus, accelerator=accelerators[accs[n]] or None, hourly_usd=hourly,
             compute_usd=compute, egress_usd=egress_usd, transfer_hours=transfer, total_usd=total,
             site=loc.site.value, finish_hours=finish, arch=ARCHS[int(arches[n])], interruption_usd=risk,
         ))
@@ -379,12 +384,57 @@ def best_per_location(
     """``{provider:region: its best feasible option}`` over every location where ``request`` is feasible (every
     filter and the deadline applied, as :func:`place`), ranked by the request's objective. A location's best row
     is its first feasible row in price order (see :func:`_location_firsts`), so this costs one row per location."""
+    winners, costed = _location_winners(request, catalog, egress, now=now, extra_offers=extra_offers,
+                                        wait_hours=wait_hours, risk=risk)
+    built: dict[tuple[int, int], PlacementOption] = {}
+    for q, (cat, c) in enumerate(costed):
+        js = sorted({j for p, j in winners.values() if p == q})
+        if js:
+            built.update(zip(((q, j) for j in js), _options(cat, c, js), strict=True))
+    return {loc: built[pj] for loc, pj in winners.items()}
+
+
+def best_totals_per_location(
+    request: Request,
+    catalog: Catalog,
+    egress: EgressModel,
+    *,
+    now: datetime | None = None,
+    extra_offers: Sequence[Offer] = (),
+    wait_hours: float = 0.0,
+    risk: InterruptionModel | None = None,
+) -> dict[str, tuple[float, str]]:
+    """``{provider:region: (total_usd, site)}`` of :func:`best_per_location`'s options, without building them
+    (what the savings baselines read, once per recorded decision)."""
+    winners, costed = _location_winners(request, catalog, egress, now=now, extra_offers=extra_offers,
+                                        wait_hours=wait_hours, risk=risk)
+    out: dict[str, tuple[float, str]] = {}
+    for loc, (q, j) in winners.items():
+        cat, c = costed[q]
+        out[loc] = (float(c.total_usd[j]), cat.locations[int(cat.loc_code[c.idx[j]])].site.value)
+    return out
+
+
+def _location_winners(
+    request: Request,
+    catalog: Catalog,
+    egress: EgressModel,
+    *,
+    now: datetime | None,
+    extra_offers: Sequence[Offer],
+    wait_hours: float,
+    risk: InterruptionModel | None,
+) -> tuple[dict[str, tuple[int, int]], list[tuple[Catalog, Costs]]]:
+    """``({provider:region: (part, row of its costs)}, [(part catalog, its costs)])`` of each location's best
+    feasible row, locations sorted (see :func:`best_per_location`). Ranks compare as tuples of the objective's
+    keys; a later row (or part) replaces the one seen only when strictly better."""
     ctx = Context(now=now or datetime.now(UTC), wait_hours=wait_hours)
     parts = _prepare(request, catalog, egress, extra_offers)
     objective = SCORES.get(str(request.objective), cost.keys)
-    out: dict[str, tuple[tuple[float, ...], PlacementOption]] = {}
+    out: dict[str, tuple[tuple[float, ...], tuple[int, int]]] = {}  # location -> (rank, (part, row))
     loc_costs: dict[int, _LocCosts] = {}
     model = risk or load_interruptions()
+    costed: list[tuple[Catalog, Costs]] = []
     for p, cat in enumerate(parts):
         if not len(cat):
             continue
@@ -396,13 +446,28 @@ def best_per_location(
             continue
         c = _costs(request, cat, rows, lc, wait_hours)
         ks = [k.tolist() for k in objective(request, c)]  # type: ignore[operator]
-        for j, opt in enumerate(_options(cat, c, list(range(len(rows))))):
-            rank = tuple(k[j] for k in ks)
-            loc = f"{opt.provider}:{opt.region}"
+        names = _location_names(cat.locations)
+        for j, (code, rank) in enumerate(zip(cat.loc_code[c.idx].tolist(), zip(*ks, strict=True), strict=True)):
+            loc = names[code]
             seen = out.get(loc)
             if seen is None or rank < seen[0]:
-                out[loc] = (rank, opt)
-    return {loc: opt for loc, (_, opt) in sorted(out.items())}
+                out[loc] = (rank, (len(costed), j))
+        costed.append((cat, c))
+    return {loc: pj for loc, (_, pj) in sorted(out.items())}, costed
+
+
+_NAMES: dict[int, tuple[Sequence[Any], list[str]]] = {}
+
+
+def _location_names(locations: Sequence[Any]) -> list[str]:
+    """``provider:region`` of each location of a catalog's table, kept per table (the table object is held,
+    so its id is not reused while the entry lives)."""
+    hit = _NAMES.get(id(locations))
+    if hit is None or hit[0] is not locations or len(hit[1]) != len(locations):
+        if len(_NAMES) > 32:
+            _NAMES.clear()
+        hit = _NAMES[id(locations)] = (locations, [f"{loc.provider}:{loc.region}" for loc in locations])
+    return hit[1]
 
 
 def _shared_loc_costs(memo: dict[int, _LocCosts], request: Request, cat: Catalog, egress: EgressModel,

@@ -158,3 +158,36 @@ def test_the_bulk_writer_stores_what_the_single_writer_stores(store_engine: Engi
     columns = [c for c in DecisionRecord.model_fields if c not in ("id", "job_id")]
     for name in ("bulk-1", "bulk-2"):
         assert {c: getattr(rows[name], c) for c in columns} == {c: getattr(rows["single"], c) for c in columns}
+
+
+def test_the_bulk_outcome_writer_stores_what_the_single_writer_stores(store_engine: Engine) -> None:
+    """Two stores' worth of the same records (a job placed twice: the latest record gets the outcome; one with
+    a deadline met, one missed, one without; one never placed); outcomes one by one vs in one call."""
+    from broker.decisions import record_outcomes
+
+    runs = {"met": 2.5, "late": 2.5, "free": 1.0, "twice": 4.0, "none": 1.0}
+    deadlines = {"met": 10.0, "late": 2.0, "twice": 3.0}
+    columns = [c for c in DecisionRecord.model_fields if c != "id"]
+    got = []
+    for bulk in (False, True):
+        with Session(store_engine) as s:
+            for job in ("met", "late", "free", "twice"):
+                _record(s, f"{bulk}-{job}", deadline_hours=deadlines.get(job))
+            _record(s, f"{bulk}-twice", deadline_hours=5.0)  # re-placed later: same created_at, higher id
+            s.commit()
+            end = T0 + timedelta(hours=2.5)
+            if bulk:
+                assert record_outcomes(s, [(f"{bulk}-{j}", h) for j, h in runs.items()], end) == 4
+                with pytest.raises(ValueError):
+                    record_outcomes(s, [("True-met", -1.0)], end)
+            else:
+                for j, h in runs.items():
+                    record_outcome(s, f"{bulk}-{j}", h, end)
+            s.commit()
+        with Session(store_engine) as s:
+            rows = s.exec(select(DecisionRecord).where(DecisionRecord.job_id.startswith(f"{bulk}-"))  # type: ignore[union-attr]
+                          .order_by(DecisionRecord.id)).all()
+            got.append([{c: (getattr(r, c).split("-", 1)[1] if c == "job_id" else getattr(r, c)) for c in columns}
+                        for r in rows])
+    assert len(got[0]) == 5 and sum(r["runtime_hours"] is not None for r in got[0]) == 4
+    assert got[0] == got[1]
