@@ -55,6 +55,9 @@ class Settings:
     dry_run_speedup: float = DEFAULT_DRY_RUN_SPEEDUP
     scheduler_enabled: bool = True
     scheduler_batch: int = 500
+    # at most this long a job's launch waits between transient retries inside one scheduler cycle; a longer
+    # delay blocks the offer for that long and the job moves on (providers.failover.provision)
+    launch_retry_wait_seconds: float = 10.0
     max_burst_jobs: int = 10_000
     # --- gang jobs and load balancing (policies.gang, policies.loadbalance) ---
     gang_spread: str = "pack"
@@ -174,6 +177,7 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         egress_config=_path(env.get("BROKER_EGRESS_CONFIG")),
         max_body_bytes=_number(env, "BROKER_MAX_BODY_BYTES", 1_048_576, integer=True),
         scheduler_interval_seconds=_number(env, "BROKER_SCHEDULER_INTERVAL_SECONDS", 1.0),
+        launch_retry_wait_seconds=_number(env, "BROKER_LAUNCH_RETRY_WAIT_SECONDS", 10.0),
         providers=providers,
         mqtt_url=env.get("BROKER_MQTT_URL") or None,
         mqtt_ca_file=_path(env.get("BROKER_MQTT_CA_FILE")) or ca_dir / "ca.pem",

@@ -1439,6 +1439,11 @@ class Scheduler:
         queues.record_usage(session, usage, now, config.half_life_seconds)
 
     # 5 ---------------------------------------------------------------------------------------------
+    def _launch_wait_budget(self) -> float:
+        """Seconds one job's launch may wait between transient retries in a cycle (the rest of a longer
+        backoff is a block on the offer, so one throttled job never holds the cycle for minutes)."""
+        return float(getattr(self.state.settings, "launch_retry_wait_seconds", 10.0))
+
     def _provision(self, placed: list[tuple[QueuedJob, list[PlacementOption]]]) -> tuple[int, int]:
         if not placed:
             return 0, 0
@@ -1458,7 +1463,7 @@ class Scheduler:
                             options[1:], self.state.get_provider, request_id=request_id,
                             tags={TAG_JOB: job.id, TAG_NAMESPACE: job.namespace}, job=job.spec,
                             retry=job.spec.retry, clock=_RetryClock(self.clock, self._stop), blocklist=self.blocklist,
-                            rng=self.rng, count=1,
+                            rng=self.rng, count=1, wait_budget_seconds=self._launch_wait_budget(),
                         )
                     except _Stopping:
                         log.warning("job %s: stopped while its launch waited to be retried; the next start "
@@ -1473,7 +1478,7 @@ class Scheduler:
                         options, self.state.get_provider, request_id=request_id,
                         tags={TAG_JOB: job.id, TAG_NAMESPACE: job.namespace}, job=job.spec, retry=job.spec.retry,
                         clock=_RetryClock(self.clock, self._stop), blocklist=self.blocklist, rng=self.rng,
-                        count=max(1, job.request.nodes),
+                        count=max(1, job.request.nodes), wait_budget_seconds=self._launch_wait_budget(),
                     )
                 except _Stopping:  # shutting down: record what was launched so far, leave the rest PROVISIONING
                     log.warning("job %s: stopped while its launch waited to be retried; the next start "

@@ -159,8 +159,14 @@ def provision(
     blocklist: Blocklist | None = None,
     rng: random.Random | None = None,
     count: int = 1,
+    wait_budget_seconds: float | None = None,
 ) -> ProvisionOutcome:
     """Provision ``count`` instances on the first option that works (see the module docstring).
+
+    ``wait_budget_seconds`` bounds the time this call sleeps between transient retries (``None``: no bound):
+    a retry whose delay would go past it is not waited for here; the offer is blocked for that delay and the
+    next option is tried, and such an option does not count as tried for :attr:`ProvisionOutcome.exhausted`
+    (the caller's later attempt, after the block, continues it).
 
     ``tags`` should carry ``hb-job``; ``hb-request`` is set to ``request_id``. The same ``request_id`` is
     passed to every option's launch, so a retried call after a crash stays idempotent per provider.
@@ -174,6 +180,7 @@ def provision(
     last_error: ProviderError | None = None
     mine: set[tuple[str, ...]] = set()  # offers/regions blocked by this call (their skips count as tried)
     waited_out = False  # an option was skipped for an earlier call's block: the list is not exhausted
+    waited = 0.0  # seconds slept between retries in this call (against ``wait_budget_seconds``)
 
     def record(option: PlacementOption, outcome: str, message: str = "", delay: float = 0.0,
                retryable: bool = False) -> None:
@@ -242,7 +249,16 @@ def provision(
                         _cleanup_provider(provider, request_id, keep=())
                         break
                     delay = max(backoff_delay(retry, retries_used, rand), after)
+                    if wait_budget_seconds is not None and waited + delay > wait_budget_seconds:
+                        record(option, "transient", f"{err} (its retry in {delay:.3g}s is past this call's "
+                               f"{wait_budget_seconds:g}s wait budget: the offer is blocked until then and the "
+                               "next option is tried)", delay=delay, retryable=True)
+                        blocks.block(blocks.offer_key(option), delay, f"transient errors, retry due: {err}")
+                        waited_out = True
+                        _cleanup_provider(provider, request_id, keep=())
+                        break
                     retries_used += 1
+                    waited += delay
                     record(option, "transient", str(err), delay=delay, retryable=True)
                     clock.sleep(delay)
                     continue

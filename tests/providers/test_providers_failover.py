@@ -224,3 +224,26 @@ def test_an_option_skipped_for_an_earlier_block_is_not_exhausted_it_may_come_bac
 def test_auth_is_not_exhausted_but_stops() -> None:
     out, _ = run({"a": FakeProvider("a", fail=[AuthError("denied")]), "b": FakeProvider("b")}, [A1, B1])
     assert isinstance(out.error, AuthError) and not out.exhausted
+
+
+def test_a_retry_past_the_wait_budget_blocks_the_offer_for_its_delay_and_moves_on() -> None:
+    """A throttled option is retried while its delays fit the call's wait budget; the retry that would not
+    fit is not slept: the offer is blocked for that delay, the next option launches, and a list that fails
+    this way is not exhausted (the job backs off and comes back once the block expires)."""
+    clock = ManualClock()
+    blocks = Blocklist(clock)
+    retry = RetryPolicy(backoff_limit=6, retry_delay_seconds=4, max_retry_delay_seconds=120)
+    a, b = FakeProvider("a", fail=[TransientError("throttled")] * 10), FakeProvider("b")
+    out, _ = run({"a": a, "b": b}, [A1, B1], retry=retry, clock=clock, blocklist=blocks, wait_budget_seconds=10)
+    assert out.ok and out.option == B1
+    over = out.attempts[len(clock.sleeps)]  # the retries slept come first, then the one that did not fit
+    assert over.outcome == "transient" and "past this call's 10s wait budget" in over.message
+    assert sum(clock.sleeps) <= 10 < sum(clock.sleeps) + over.delay_seconds
+    assert blocks.reason(A1) is not None
+    clock.advance(over.delay_seconds + 0.01)
+    assert blocks.reason(A1) is None
+    a2 = FakeProvider("a", fail=[TransientError("throttled")] * 10)
+    out2, clock2 = run({"a": a2}, [A1], retry=retry, wait_budget_seconds=10)
+    assert not out2.ok and not out2.exhausted and sum(clock2.sleeps) <= 10
+    unbounded, clock3 = run({"a": FakeProvider("a", fail=[TransientError("throttled")] * 10)}, [A1], retry=retry)
+    assert len(clock3.sleeps) == 6 and unbounded.exhausted  # no budget: the spec's retries, all slept
