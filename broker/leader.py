@@ -119,7 +119,9 @@ class Leadership:
 
     def _acquire(self) -> bool:
         try:
-            conn = self.store.engine.connect()
+            # autocommit: a lock check is one round trip (no BEGIN/COMMIT around it); the locks taken here are
+            # session-level, so they do not depend on transactions
+            conn = self.store.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         except sa.exc.SQLAlchemyError:
             return False
         try:

@@ -337,6 +337,8 @@ class Scheduler:
         self.clock = clock or state.clock
         self.admission_checks: list[AdmissionCheck] = list(admission_checks)
         self.batch = batch or state.settings.scheduler_batch
+        # Launches in flight at once in step 5 (BROKER_SCHEDULER_LAUNCH_CONCURRENCY; 1 = one after another).
+        self.launch_concurrency: int = state.settings.launch_concurrency
         self.metrics = state.metrics
         self._spec_cache: SpecCache[JobSpec] = SpecCache()  # bounded; ended jobs are dropped (step 6)
         self.leader = Leadership(self.store, LEADER_LOCK_ID)  # lock checked every cycle, fenced writes
@@ -1272,27 +1274,7 @@ class Scheduler:
     def _provision(self, placed: list[tuple[QueuedJob, list[PlacementOption]]]) -> tuple[int, int]:
         if not placed:
             return 0, 0
-        from providers.failover import provision
-
-        outcomes = []
-        for job, options in placed:
-            request_id = job.request_id or f"{job.id}-r{job.retries}"
-            if not self.leader.still_leads():  # deposed meanwhile: the next leader adopts or requeues the rest
-                break
-            plan = self._gang_plans.get(job.id)
-            if plan is not None and len(plan) > 1:  # gang: one launch per host/zone, all or nothing
-                outcome = self._launch_gang(job, request_id, plan, options[0])
-            else:
-                outcome = provision(
-                    options, self.state.get_provider, request_id=request_id,
-                    tags={TAG_JOB: job.id, TAG_NAMESPACE: job.namespace}, job=job.spec, retry=PROVISION_RETRY,
-                    clock=self.clock, blocklist=self.blocklist, count=max(1, job.request.nodes),
-                )
-                outcome = self._whole_gang(job, request_id, outcome)  # gang: never fewer than N running
-            for a in outcome.attempts:
-                if a.outcome not in ("launched", "skipped"):
-                    self.metrics.provider_errors.labels(a.provider, a.outcome).inc()
-            outcomes.append((job, request_id, outcome))
+        outcomes = self._launch_all(placed)
         now = self.clock.now()
         ok = backoff = 0
         orphans: list[tuple[str, list[str], str]] = []
@@ -1333,6 +1315,58 @@ class Scheduler:
         for provider, ids, request_id in orphans:
             self.state.terminate_instances(provider, ids, f"{request_id}:cancelled")
         return ok, backoff
+
+    # 5a: launches, several at once -----------------------------------------------------------------
+    def _launch_all(self, placed: list[tuple[QueuedJob, list[PlacementOption]]]
+                    ) -> list[tuple[QueuedJob, str, Any]]:
+        """Launch ``placed`` in waves of :attr:`launch_concurrency` (in order; one job at a time by
+        default), the leadership checked before each wave: a replica deposed meanwhile launches nothing
+        more, and the next leader adopts or requeues the rest. Returns ``(job, request id, outcome)`` per
+        launched job, in ``placed`` order.
+
+        Design choice: waves, not a sliding window, so the lock check stays one round trip per wave and the
+        blocklist a wave's capacity errors filled steers the next wave (within a wave, jobs do not see each
+        other's errors). Providers' ``launch`` is idempotent per request id and the built-in ones are
+        thread-safe (each locks its own state, or runs a client command per call)."""
+        width = max(1, int(self.launch_concurrency))
+        outcomes: list[tuple[QueuedJob, str, Any]] = []
+        with contextlib.ExitStack() as stack:
+            pool = None
+            if width > 1 and len(placed) > 1:
+                from concurrent.futures import ThreadPoolExecutor
+
+                pool = stack.enter_context(ThreadPoolExecutor(min(width, len(placed)),
+                                                              thread_name_prefix="hb-launch"))
+            for start in range(0, len(placed), width):
+                if not self.leader.still_leads():  # deposed meanwhile: the next leader adopts or requeues the rest
+                    break
+                wave = placed[start:start + width]
+                if pool is None or len(wave) == 1:
+                    outcomes.extend(self._launch_one(job, options) for job, options in wave)
+                else:
+                    outcomes.extend(pool.map(lambda p: self._launch_one(*p), wave))
+        return outcomes
+
+    def _launch_one(self, job: QueuedJob, options: list[PlacementOption]) -> tuple[QueuedJob, str, Any]:
+        """Launch one placed job on its options (:func:`providers.failover.provision`; a gang over several
+        hosts or zones part by part). Never raises a provider error: it is in the outcome."""
+        from providers.failover import provision
+
+        request_id = job.request_id or f"{job.id}-r{job.retries}"
+        plan = self._gang_plans.get(job.id)
+        if plan is not None and len(plan) > 1:  # gang: one launch per host/zone, all or nothing
+            outcome = self._launch_gang(job, request_id, plan, options[0])
+        else:
+            outcome = provision(
+                options, self.state.get_provider, request_id=request_id,
+                tags={TAG_JOB: job.id, TAG_NAMESPACE: job.namespace}, job=job.spec, retry=PROVISION_RETRY,
+                clock=self.clock, blocklist=self.blocklist, count=max(1, job.request.nodes),
+            )
+            outcome = self._whole_gang(job, request_id, outcome)  # gang: never fewer than N running
+        for a in outcome.attempts:
+            if a.outcome not in ("launched", "skipped"):
+                self.metrics.provider_errors.labels(a.provider, a.outcome).inc()
+        return job, request_id, outcome
 
     @staticmethod
     def _attempt_row(job_id: str, request_id: str, a: Attempt, now: datetime) -> dict[str, Any]:
@@ -1441,11 +1475,9 @@ class Scheduler:
             transitions = [t for t in transitions if t.job_id in live]
             apply_transitions(session, transitions, now=now)
             try:
-                from broker.decisions import record_outcome
+                from broker.decisions import record_outcomes
 
-                for job_id, hours in outcomes:
-                    if job_id in live:
-                        record_outcome(session, job_id, hours, now)
+                record_outcomes(session, [(job_id, hours, now) for job_id, hours in outcomes if job_id in live])
             except ImportError:  # pragma: no cover
                 pass
             self.charge_runs(session, [c for job_id, c in charges.items() if job_id in live], now)
