@@ -201,6 +201,9 @@ class OnPremPool:
         self._errors: list[ProviderError] = []
         # Hosts taken out of placement (broker.ops.health: a lost host until it beats again).
         self.cordoned: set[str] = set()
+        # Runs known to have ended and been terminated: adopt() does not read their run.json again (a new
+        # leader adopts on every reconcile while a takeover is unresolved; the directory holds every run).
+        self._settled: set[str] = set()
         self._adopt()
 
     # -- offers and capacity --------------------------------------------------------------------------
@@ -552,6 +555,7 @@ class OnPremPool:
                 if not self._alive(iid, rec):  # ended for good: its record stays on disk, not in memory
                     self._runs.pop(iid, None)
                     self._procs.pop(iid, None)
+                    self._settled.add(iid)
 
     def poll_errors(self) -> list[ProviderError]:
         with self._lock:
@@ -589,7 +593,8 @@ class OnPremPool:
         without a pid is resolved here (module docstring: launch order)."""
         new = 0
         for path in sorted(self.runs_dir.glob("*/run.json")):
-            if path.parent.name not in self._runs and self._load(path, keep=True) is not None:
+            name = path.parent.name
+            if name not in self._runs and name not in self._settled and self._load(path, keep=True) is not None:
                 new += 1
         return new
 
@@ -621,6 +626,8 @@ class OnPremPool:
             self._save(rec["id"], rec)
         if not (rec.get("terminated") and self._ended(rec["id"], rec)):
             self._runs[rec["id"]] = rec
-        elif keep:
-            return None
+        else:
+            self._settled.add(rec["id"])
+            if keep:
+                return None
         return rec
