@@ -58,7 +58,8 @@ def main() -> None:
     parser.add_argument("--replicas", default="1,3", help="comma list of replica counts, one run each")
     parser.add_argument("--kill-at", type=float, default=0.4,
                         help="SIGKILL the leader once this share of the jobs was launched (runs with >1 replica)")
-    parser.add_argument("--concurrency", type=int, default=8, help="BROKER_SCHEDULER_LAUNCH_CONCURRENCY")
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help="BROKER_SCHEDULER_LAUNCH_CONCURRENCY (default: 32 on-prem, 8 Slurm)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     for count in (int(x) for x in args.replicas.split(",")):
@@ -75,10 +76,11 @@ def main() -> None:
                           kill_leader_at=args.kill_at if count > 1 else None)
             finally:
                 stop_all(reps)
+            concurrency = reps[0].env["BROKER_SCHEDULER_LAUNCH_CONCURRENCY"]
         once = not res.doubles and res.launches_per_job == {1: res.jobs} and \
             res.running_transitions == {1: res.jobs} and res.launched_attempts[1] + res.adopted == res.jobs
         row = {
-            "side": args.side, "replicas": count, "jobs": res.jobs, "concurrency": args.concurrency,
+            "side": args.side, "replicas": count, "jobs": res.jobs, "concurrency": int(concurrency),
             "accepted_jobs_per_s": round(res.accepted_per_second, 1),
             "launched_jobs_per_s": round(res.launched_per_second, 1), "total_s": round(res.total_seconds, 1),
             "killed": res.killed, "in_flight_at_kill": res.in_flight_at_kill,
@@ -89,7 +91,7 @@ def main() -> None:
         if args.json:
             print(json.dumps(row), flush=True)
         else:
-            print(f"{args.side}: replicas={count} jobs={res.jobs} concurrency={args.concurrency}: accepted "
+            print(f"{args.side}: replicas={count} jobs={res.jobs} concurrency={concurrency}: accepted "
                   f"{row['accepted_jobs_per_s']} jobs/s, launched {row['launched_jobs_per_s']} jobs/s, all ended "
                   f"in {row['total_s']} s; leader killed: {res.killed or '-'} ({res.in_flight_at_kill} launches "
                   f"in flight; takeover {row['takeover_s']} s); states {row['states']}; adopted {res.adopted}; "

@@ -108,6 +108,7 @@ class LaunchSide(Protocol):
     provider: str
     env: dict[str, str]
     data_dir: Path | None
+    launch_concurrency: int  # BROKER_SCHEDULER_LAUNCH_CONCURRENCY of the replicas
 
     def launched(self) -> int:
         """How many launches of broker jobs the engine holds now (ended ones included)."""
@@ -123,6 +124,7 @@ class SlurmSide:
 
     provider = "slurm"
     data_dir = None
+    launch_concurrency = 8  # sbatch/squeue commands at once: slurmctld serialises much of the rest
 
     def __init__(self, slurm_conf: Path, log_dir: Path, slurm_env: dict[str, str]) -> None:
         self.env = {"BROKER_PROVIDERS": "slurm", "BROKER_SLURM_CONF": str(slurm_conf),
@@ -155,6 +157,7 @@ class OnPremSide:
     """The on-prem pool over three simulated hosts, its runs in one data directory all replicas share."""
 
     provider = "onprem"
+    launch_concurrency = 32  # a launch is mostly a wait for the disk (fsync): many overlap well
 
     def __init__(self, work: Path) -> None:
         inventory = work / "inventory.yaml"
@@ -181,7 +184,7 @@ class Replica:
     directory is the side's shared one, or its own."""
 
     def __init__(self, name: str, work: Path, database_url: str, side: LaunchSide, interval: float = 0.2,
-                 launch_concurrency: int = 8) -> None:
+                 launch_concurrency: int | None = None) -> None:
         self.name = name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -191,7 +194,7 @@ class Replica:
             "BROKER_DATABASE_URL": database_url,
             "BROKER_ADMIN_TOKEN": ADMIN,
             "BROKER_SCHEDULER_INTERVAL_SECONDS": str(interval),
-            "BROKER_SCHEDULER_LAUNCH_CONCURRENCY": str(launch_concurrency),
+            "BROKER_SCHEDULER_LAUNCH_CONCURRENCY": str(launch_concurrency or side.launch_concurrency),
             "BROKER_LOG_LEVEL": "INFO",
         } | side.env
         self.proc: subprocess.Popen[bytes] | None = None
