@@ -22,7 +22,8 @@ and logged at DEBUG:
    (:func:`policies.loadbalance.choose_pool`, fed from the store); the choice is in the PLACED event.
    PENDING -> PLACED -> PROVISIONING with one bulk insert of decision records, in one transaction per
    batch. Nothing feasible anywhere -> FAILED.
-5. **provision**: :func:`providers.failover.provision` over the chosen option and its alternatives;
+5. **provision**: :func:`providers.failover.provision` over the chosen option and its alternatives, in
+   waves of ``BROKER_SCHEDULER_LAUNCH_CONCURRENCY`` launches at once (1 by default: one after another);
    PROVISIONING -> RUNNING, or BACKOFF (retryable, within ``backoffLimit``) / FAILED. A gang over several
    hosts or zones is one launch per part (all tagged with the job's request id); fewer than N instances,
    or a part failing, terminates everything launched for it and backs off.
@@ -37,7 +38,7 @@ The store is the truth: a restarted scheduler rebuilds everything from it, and :
 ``hb-job``/``hb-request`` tags, so nothing leaks. Rows are claimed with ``SELECT ... FOR UPDATE SKIP LOCKED``
 on PostgreSQL, and only the holder of the advisory lock :data:`LEADER_LOCK_ID` runs cycles, so several broker
 processes can share one database. Leadership is fenced (:mod:`broker.leader`): the lock is checked at every
-cycle and before every launch, and every write transaction of the scheduler (:meth:`Scheduler._tx`) is
+cycle and before every wave of launches (step 5), and every write transaction of the scheduler (:meth:`Scheduler._tx`) is
 refused once another replica's term has begun.
 """
 

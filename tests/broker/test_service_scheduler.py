@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -214,6 +215,55 @@ def test_dry_run_clouds_finish_after_the_estimate_on_the_clock(tmp_path: Path, s
         assert "[dry-run]" in next(e["reason"] for e in h.detail(job_id)["events"] if e["to"] == "RUNNING")
     finally:
         h.stop_runs()
+
+
+class _LaunchesTogether(DryRunProvider):
+    """A dry-run cloud whose launches wait until ``width`` of them are in flight at once (a barrier): a
+    scheduler launching one job at a time breaks the barrier and every launch fails."""
+
+    def __init__(self, clock: ManualClock, width: int) -> None:
+        super().__init__("aws", clock=clock)
+        self.barrier = threading.Barrier(width, timeout=20)
+        self.threads: set[str] = set()
+
+    def launch(self, *args: Any, **kwargs: Any) -> Any:
+        self.threads.add(threading.current_thread().name)
+        self.barrier.wait()
+        return super().launch(*args, **kwargs)
+
+
+def test_launches_run_in_waves_of_the_launch_concurrency_and_each_job_is_launched_once(
+        tmp_path: Path, store_url: str) -> None:
+    h = Harness(tmp_path, store_url)
+    h.aws = _LaunchesTogether(h.clock, width=4)
+    h.hb.providers["aws"] = h.aws
+    h.scheduler.launch_concurrency = 4
+    try:
+        ids = h.submit(*(job_doc(f"w-{i}", providers=["aws"]) for i in range(8)))
+        assert h.scheduler.run_cycle().provisioned == 8  # two waves of 4, each through the barrier
+        for job_id in ids:
+            d = h.detail(job_id)
+            assert d["state"] == "RUNNING" and [a["outcome"] for a in d["attempts"]] == ["launched"], d
+        assert len(h.aws.instances()) == 8 and len(h.aws.threads) == 4, h.aws.threads
+    finally:
+        h.stop_runs()
+
+
+@pytest.mark.parametrize(("raw", "expected"), [(None, 1), ("8", 8), ("0", "positive"), ("65", "at most 64"),
+                                               ("two", "integer")],
+                         ids=["one launch at a time by default", "a width", "zero is refused",
+                              "more threads than the cap are refused", "a word is refused"])
+def test_the_launch_concurrency_setting(raw: str | None, expected: int | str) -> None:
+    from broker.config import load_settings
+    from broker.errors import SpecError
+
+    env = {} if raw is None else {"BROKER_SCHEDULER_LAUNCH_CONCURRENCY": raw}
+    if isinstance(expected, int):
+        assert load_settings(env).launch_concurrency == expected
+    else:
+        with pytest.raises(SpecError, match=expected) as err:
+            load_settings(env)
+        assert "BROKER_SCHEDULER_LAUNCH_CONCURRENCY" in str(err.value)
 
 
 def test_restart_reconciles_instances_by_tag(tmp_path: Path, store_url: str) -> None:
