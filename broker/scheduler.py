@@ -38,8 +38,8 @@ The store is the truth: a restarted scheduler rebuilds everything from it, and :
 ``hb-job``/``hb-request`` tags, so nothing leaks. Rows are claimed with ``SELECT ... FOR UPDATE SKIP LOCKED``
 on PostgreSQL, and only the holder of the advisory lock :data:`LEADER_LOCK_ID` runs cycles, so several broker
 processes can share one database. Leadership is fenced (:mod:`broker.leader`): the lock is checked at every
-cycle and before every wave of launches (step 5), and every write transaction of the scheduler (:meth:`Scheduler._tx`) is
-refused once another replica's term has begun.
+cycle and before every wave of launches (step 5), and every write transaction of the scheduler
+(:meth:`Scheduler._tx`) is refused once another replica's term has begun.
 """
 
 from __future__ import annotations
