@@ -77,7 +77,7 @@ def main() -> None:
             finally:
                 stop_all(reps)
             concurrency = reps[0].env["BROKER_SCHEDULER_LAUNCH_CONCURRENCY"]
-        once = not res.doubles and res.launches_per_job == {1: res.jobs} and \
+        once = not res.doubles and not res.unexplained_placements and res.launches_per_job == {1: res.jobs} and \
             res.running_transitions == {1: res.jobs} and res.launched_attempts[1] + res.adopted == res.jobs
         row = {
             "side": args.side, "replicas": count, "jobs": res.jobs, "concurrency": int(concurrency),
@@ -85,7 +85,8 @@ def main() -> None:
             "launched_jobs_per_s": round(res.launched_per_second, 1), "total_s": round(res.total_seconds, 1),
             "killed": res.killed, "in_flight_at_kill": res.in_flight_at_kill,
             "takeover_s": None if res.takeover_seconds is None else round(res.takeover_seconds, 2),
-            "states": dict(res.states), "adopted": res.adopted, "exactly_once": once, "doubles": res.doubles[:20],
+            "states": dict(res.states), "adopted": res.adopted, "placed_again": res.placed_again,
+            "exactly_once": once, "doubles": res.doubles[:20],
             "submitted_by": res.submitted_by,
         }
         if args.json:

@@ -249,6 +249,8 @@ class RunResult:
     adopted: int  # jobs RUNNING by "adopted after a restart" (launched by the killed leader, not recorded)
     launches_per_job: Counter[int]  # broker jobs with 0, 1, 2... launches on the engine (batch jobs, runs)
     doubles: list[str]  # broker jobs with more than one launch or RUNNING transition
+    placed_again: int  # jobs placed more than once, each time after an undone placement (a takeover's)
+    unexplained_placements: list[str]  # jobs placed more often than 1 + their undone placements
     submitted_by: dict[str, int]
     submit_seconds: float
     launch_seconds: float  # first submit -> every job launched (RUNNING or ended)
@@ -359,6 +361,12 @@ def run(replicas: list[Replica], database_url: str, side: LaunchSide, *, jobs: i
             "GROUP BY job_id")).all()))
         attempts = Counter(dict(conn.execute(sa.text(
             "SELECT job_id, count(*) FROM attempts WHERE outcome = 'launched' GROUP BY job_id")).all()))
+        placed = Counter(dict(conn.execute(sa.text(
+            "SELECT job_id, count(*) FROM job_events WHERE from_state = 'PENDING' AND to_state = 'PLACED' "
+            "GROUP BY job_id")).all()))
+        undone = Counter(dict(conn.execute(sa.text(  # a placement given back: re-placed, requeued, retried
+            "SELECT job_id, count(*) FROM job_events WHERE from_state IN ('PLACED', 'PROVISIONING', 'RUNNING') "
+            "AND to_state IN ('PENDING', 'BACKOFF') GROUP BY job_id")).all()))
         adopted = {r[0] for r in conn.execute(sa.text(
             "SELECT DISTINCT job_id FROM job_events WHERE reason LIKE 'adopted after a restart%'"))}
         states = _counts(engine)
@@ -372,6 +380,8 @@ def run(replicas: list[Replica], database_url: str, side: LaunchSide, *, jobs: i
         running_transitions=Counter(running[i] for i in ids),
         launched_attempts=Counter(attempts[i] for i in ids), adopted=len(adopted),
         launches_per_job=Counter(per_job[i] for i in ids), doubles=doubles,
+        placed_again=sum(1 for i in ids if placed[i] > 1),
+        unexplained_placements=sorted(i for i in ids if placed[i] != 1 + undone[i]),
         submitted_by={k: len(v) for k, v in accepted.items()},
         submit_seconds=submit_seconds, launch_seconds=(launch_done or time.monotonic()) - t0, total_seconds=total,
         killed=killed.name if killed else None, in_flight_at_kill=in_flight, takeover_seconds=takeover,

@@ -99,6 +99,7 @@ def _summary(result: RunResult) -> str:
     return (f"states={dict(result.states)} running={dict(result.running_transitions)} "
             f"attempts={dict(result.launched_attempts)} adopted={result.adopted} "
             f"launches={dict(result.launches_per_job)} doubles={result.doubles[:10]} "
+            f"placed_again={result.placed_again} unexplained_placements={result.unexplained_placements[:10]} "
             f"killed={result.killed} in_flight={result.in_flight_at_kill} takeover={result.takeover_seconds} "
             f"total={result.total_seconds:.1f}s notes={result.notes}")
 
@@ -118,6 +119,9 @@ def _assert_exactly_once_across_the_kill(result: RunResult, jobs: int) -> None:
     # and per job either one "launched" attempt or an adoption (launched by the killed leader before it
     # could record the attempt; the new leader found the launch by its tags instead of launching again).
     assert result.doubles == [], summary
+    # ... placed once per launch: a job placed again had its earlier placement given back first (a PLACED
+    # job re-placed, or a PROVISIONING one requeued by the takeover), never placed twice side by side.
+    assert result.unexplained_placements == [], summary
     assert result.launches_per_job == {1: jobs}, summary
     assert result.running_transitions == {1: jobs}, summary
     assert result.launched_attempts[1] + result.adopted == jobs and set(result.launched_attempts) <= {0, 1}, \
