@@ -1327,8 +1327,9 @@ class Scheduler:
 
         Design choice: waves, not a sliding window, so the lock check stays one round trip per wave and the
         blocklist a wave's capacity errors filled steers the next wave (within a wave, jobs do not see each
-        other's errors). Providers' ``launch`` is idempotent per request id and the built-in ones are
-        thread-safe (each locks its own state, or runs a client command per call)."""
+        other's errors). Providers' ``launch`` is idempotent per request id; the on-prem, Slurm and dry-run
+        pools are safe to call from several threads (each locks its own state, and Slurm runs a client
+        command per call). The default of 1 keeps other adapters' launches one at a time."""
         width = max(1, int(self.launch_concurrency))
         outcomes: list[tuple[QueuedJob, str, Any]] = []
         with contextlib.ExitStack() as stack:
