@@ -21,6 +21,7 @@ DEFAULT_PROVIDERS: tuple[str, ...] = ("onprem", "aws", "azure", "gcp")
 GANG_POLICIES: tuple[str, ...] = ("pack", "spread")  # BROKER_GANG_SPREAD (policies.gang.PACK / SPREAD)
 
 
+MAX_LAUNCH_CONCURRENCY = 64  # threads the scheduler may launch with at once
 DEFAULT_DRY_RUN_SPEEDUP = 3600.0  # a dry-run job estimated at 1 h "runs" for 1 s
 
 
@@ -58,6 +59,7 @@ class Settings:
     # at most this long a job's launch waits between transient retries inside one scheduler cycle; a longer
     # delay blocks the offer for that long and the job moves on (providers.failover.provision)
     launch_retry_wait_seconds: float = 10.0
+    launch_concurrency: int = 1  # launches in flight at once in the scheduler's step 5
     max_burst_jobs: int = 10_000
     # --- gang jobs and load balancing (policies.gang, policies.loadbalance) ---
     gang_spread: str = "pack"
@@ -178,6 +180,7 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         max_body_bytes=_number(env, "BROKER_MAX_BODY_BYTES", 1_048_576, integer=True),
         scheduler_interval_seconds=_number(env, "BROKER_SCHEDULER_INTERVAL_SECONDS", 1.0),
         launch_retry_wait_seconds=_number(env, "BROKER_LAUNCH_RETRY_WAIT_SECONDS", 10.0),
+        launch_concurrency=_number(env, "BROKER_SCHEDULER_LAUNCH_CONCURRENCY", 1, integer=True),
         providers=providers,
         mqtt_url=env.get("BROKER_MQTT_URL") or None,
         mqtt_ca_file=_path(env.get("BROKER_MQTT_CA_FILE")) or ca_dir / "ca.pem",
@@ -201,6 +204,9 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
     )
     parse_load_balancing(settings.load_balancing)  # refuse a bad value at start, naming the key
     settings = settings.with_overrides(**overrides)
+    if settings.launch_concurrency > MAX_LAUNCH_CONCURRENCY:
+        raise SpecError("BROKER_SCHEDULER_LAUNCH_CONCURRENCY", f"must be at most {MAX_LAUNCH_CONCURRENCY}, got "
+                        f"{settings.launch_concurrency}. To fix: set it to 1..{MAX_LAUNCH_CONCURRENCY}")
     if settings.gang_spread not in GANG_POLICIES:
         raise SpecError("BROKER_GANG_SPREAD", f"must be one of {', '.join(GANG_POLICIES)}, got "
                                               f"{settings.gang_spread!r}. To fix: use pack or spread")

@@ -156,8 +156,20 @@ def _decision_row(
     catalog_version: str,
     now: datetime,
     kind: str,
+    memo: dict[int, tuple[Any, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The column values of one decision record (shared by the single and the bulk writer)."""
+    """The column values of one decision record (shared by the single and the bulk writer). ``memo`` (the
+    bulk writer's) reuses the JSON values of options, alternatives and baselines shared by several jobs of
+    one batch (placements are cached per request for a cycle, so most jobs of a burst share them)."""
+
+    def once(obj: Any, convert: Any) -> Any:
+        if memo is None:
+            return convert(obj)
+        hit = memo.get(id(obj))
+        if hit is None or hit[0] is not obj:
+            hit = memo[id(obj)] = (obj, convert(obj))
+        return hit[1]
+
     if kind not in KINDS:
         raise ValueError(f"decision kind {kind!r} is not one of {', '.join(KINDS)}. To fix: pass kind='placement'")
     created = as_utc(now)
@@ -182,8 +194,8 @@ def _decision_row(
         job_name=request.name or result.job,
         created_at=created,
         request=request_to_dict(request),
-        chosen=None if chosen is None else option_to_dict(chosen),
-        alternatives=[option_to_dict(a) for a in result.alternatives],
+        chosen=None if chosen is None else once(chosen, option_to_dict),
+        alternatives=once(result.alternatives, lambda alts: [option_to_dict(a) for a in alts]),
         rejected={str(k): int(v) for k, v in result.rejected.items()},
         constraints=constraints,
         considered=result.considered,
@@ -191,7 +203,7 @@ def _decision_row(
         policy=policy,
         catalog_version=catalog_version or result.catalog_version,
         explanation=result.explanation,
-        baselines=_jsonable(dict(result.baselines)) if result.baselines else None,
+        baselines=once(result.baselines, lambda b: _jsonable(dict(b))) if result.baselines else None,
         provider=None if chosen is None else chosen.provider,
         region=None if chosen is None else chosen.region,
         capacity=None if chosen is None else chosen.capacity,
@@ -238,7 +250,8 @@ def record_decisions(session: Session, decisions: Sequence[Mapping[str, Any]]) -
     """Add many decision records in one statement (the scheduler's path: one executemany per cycle
     instead of one ORM flush per job). Each item takes the keyword arguments of :func:`record_decision`.
     Like it, this never commits. Returns how many rows were added."""
-    rows = [_decision_row(**dict(d)) for d in decisions]
+    memo: dict[int, tuple[Any, Any]] = {}
+    rows = [_decision_row(**dict(d), memo=memo) for d in decisions]
     if rows:
         session.execute(insert(DecisionRecord), rows)
     return len(rows)

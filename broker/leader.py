@@ -5,7 +5,8 @@ Several ``broker serve`` replicas may share one PostgreSQL; only one of them may
 * **Lock.** The leader holds the session advisory lock :data:`broker.scheduler.LEADER_LOCK_ID` on a
   connection of its own (not from the pool). PostgreSQL drops the lock with the session: a database restart,
   ``pg_terminate_backend``, a network cut. :meth:`Leadership.check` runs at the start of every cycle and
-  before every launch: it asks PostgreSQL, on that very connection, whether the lock is still held by this
+  before every wave of launches (one launch by default, ``BROKER_SCHEDULER_LAUNCH_CONCURRENCY`` at most): it
+  asks PostgreSQL, on that very connection, whether the lock is still held by this
   session. Any error or a missing lock ends the term (the connection is thrown away) and the replica tries to
   win the lock again on its next cycle.
 * **Fencing token.** Winning the lock increments ``leader_epochs.epoch`` (row ``scheduler``) in the same
@@ -98,7 +99,7 @@ class Leadership:
     def still_leads(self, *, thorough: bool = False) -> bool:
         """True while the current term lasts (never wins a new term); True before :meth:`check` ever ran (a
         scheduler driven by hand). The lock lives as long as its session, so by default this asks the session
-        to answer (``SELECT 1``, before every launch); ``thorough`` (every cycle) asks ``pg_locks`` too."""
+        to answer (``SELECT 1``, before every wave of launches); ``thorough`` (every cycle) asks ``pg_locks`` too."""
         if not self.store.is_postgres or not self.engaged:
             return True
         if self._conn is not None:
@@ -121,7 +122,9 @@ class Leadership:
 
     def _acquire(self) -> bool:
         try:
-            conn = self.store.engine.connect()
+            # autocommit: a lock check is one round trip (no BEGIN/COMMIT around it); the locks taken here are
+            # session-level, so they do not depend on transactions
+            conn = self.store.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         except sa.exc.SQLAlchemyError:
             return False
         try:

@@ -25,14 +25,15 @@ and logged at DEBUG:
    (:func:`policies.loadbalance.choose_pool`, fed from the store); the choice is in the PLACED event.
    PENDING -> PLACED -> PROVISIONING with one bulk insert of decision records, in one transaction per
    batch. Nothing feasible anywhere -> FAILED.
-5. **provision**: :func:`providers.failover.provision` over the chosen option and its alternatives, with the
-   job's ``spec.retry`` for the in-cycle retries of transient errors (per option: at most ``backoffLimit``
+5. **provision**: :func:`providers.failover.provision` over the chosen option and its alternatives, in
+   waves of ``BROKER_SCHEDULER_LAUNCH_CONCURRENCY`` launches at once (1 by default: one after another), with
+   the job's ``spec.retry`` for the in-cycle retries of transient errors (per option: at most ``backoffLimit``
    retries, delays doubling from ``retryDelaySeconds`` up to ``maxRetryDelaySeconds``, or the provider's
-   ``Retry-After``, slept on the scheduler's clock); PROVISIONING -> RUNNING, FAILED when every option was
-   tried and failed (the message says why, option by option), else BACKOFF (retryable, within
-   ``backoffLimit``) / FAILED. Design choice: the retries wait inside the cycle, as the launch they retry
-   does; a spec with long delays slows the cycle down by that much, so keep them short. A shutdown ends such
-   a wait at once and leaves the job PROVISIONING for the next start's reconciliation. A gang over several
+   ``Retry-After``, slept on the scheduler's clock, at most ``BROKER_LAUNCH_RETRY_WAIT_SECONDS`` per job in
+   all: a longer delay blocks the offer and the next option is tried); PROVISIONING -> RUNNING, FAILED when
+   every option was tried and failed (the message says why, option by option), else BACKOFF (retryable,
+   within ``backoffLimit``) / FAILED. A shutdown ends a retry wait at once and leaves the job PROVISIONING
+   for the next start's reconciliation. A gang over several
    hosts or zones is one launch per part (all tagged with the job's request id); fewer than N instances,
    or a part failing, terminates everything launched for it and backs off.
 6. **poll**: running instances' states -> SUCCEEDED / FAILED / BACKOFF (retry) and terminate leftovers
@@ -48,8 +49,8 @@ The store is the truth: a restarted scheduler rebuilds everything from it, and :
 ``hb-job``/``hb-request`` tags, so nothing leaks. Rows are claimed with ``SELECT ... FOR UPDATE SKIP LOCKED``
 on PostgreSQL, and only the holder of the advisory lock :data:`LEADER_LOCK_ID` runs cycles, so several broker
 processes can share one database. Leadership is fenced (:mod:`broker.leader`): the lock is checked at every
-cycle and before every launch, and every write transaction of the scheduler (:meth:`Scheduler._tx`) is
-refused once another replica's term has begun.
+cycle and before every wave of launches (step 5), and every write transaction of the scheduler
+(:meth:`Scheduler._tx`) is refused once another replica's term has begun.
 """
 
 from __future__ import annotations
@@ -394,6 +395,8 @@ class Scheduler:
         self.clock = clock or state.clock
         self.admission_checks: list[AdmissionCheck] = list(admission_checks)
         self.batch = batch or state.settings.scheduler_batch
+        # Launches in flight at once in step 5 (BROKER_SCHEDULER_LAUNCH_CONCURRENCY; 1 = one after another).
+        self.launch_concurrency: int = state.settings.launch_concurrency
         self.metrics = state.metrics
         self._spec_cache: SpecCache[JobSpec] = SpecCache()  # bounded; ended jobs are dropped (step 6)
         self.log_capture = LogCapture()  # tails of on-prem runs, stored for the other replicas (step 6)
@@ -1447,48 +1450,7 @@ class Scheduler:
     def _provision(self, placed: list[tuple[QueuedJob, list[PlacementOption]]]) -> tuple[int, int]:
         if not placed:
             return 0, 0
-        from providers.failover import provision
-
-        outcomes = []
-        for job, options in placed:
-            request_id = job.request_id or f"{job.id}-r{job.retries}"
-            if not self.leader.still_leads():  # deposed meanwhile: the next leader adopts or requeues the rest
-                break
-            plan = self._gang_plans.get(job.id)
-            if self._binding(job.id, options[0]) is not None:  # warm pool: run on its instance, else the rest
-                outcome = self.warm.launch(job, request_id, {TAG_JOB: job.id, TAG_NAMESPACE: job.namespace})
-                if not outcome.ok and len(options) > 1:
-                    try:
-                        rest = provision(
-                            options[1:], self.state.get_provider, request_id=request_id,
-                            tags={TAG_JOB: job.id, TAG_NAMESPACE: job.namespace}, job=job.spec,
-                            retry=job.spec.retry, clock=_RetryClock(self.clock, self._stop), blocklist=self.blocklist,
-                            rng=self.rng, count=1, wait_budget_seconds=self._launch_wait_budget(),
-                        )
-                    except _Stopping:
-                        log.warning("job %s: stopped while its launch waited to be retried; the next start "
-                                    "reconciles it", job.id)
-                        break
-                    outcome = dataclasses.replace(rest, attempts=[*outcome.attempts, *rest.attempts])
-            elif plan is not None and len(plan) > 1:  # gang: one launch per host/zone, all or nothing
-                outcome = self._launch_gang(job, request_id, plan, options[0])
-            else:
-                try:
-                    outcome = provision(
-                        options, self.state.get_provider, request_id=request_id,
-                        tags={TAG_JOB: job.id, TAG_NAMESPACE: job.namespace}, job=job.spec, retry=job.spec.retry,
-                        clock=_RetryClock(self.clock, self._stop), blocklist=self.blocklist, rng=self.rng,
-                        count=max(1, job.request.nodes), wait_budget_seconds=self._launch_wait_budget(),
-                    )
-                except _Stopping:  # shutting down: record what was launched so far, leave the rest PROVISIONING
-                    log.warning("job %s: stopped while its launch waited to be retried; the next start "
-                                "reconciles it", job.id)
-                    break
-                outcome = self._whole_gang(job, request_id, outcome)  # gang: never fewer than N running
-            for a in outcome.attempts:
-                if a.outcome not in ("launched", "skipped"):
-                    self.metrics.provider_errors.labels(a.provider, a.outcome).inc()
-            outcomes.append((job, request_id, outcome))
+        outcomes = self._launch_all(placed)
         now = self.clock.now()
         ok = backoff = 0
         orphans: list[tuple[str, list[str], str]] = []
@@ -1535,6 +1497,78 @@ class Scheduler:
         for provider, ids, request_id in orphans:
             self.state.terminate_instances(provider, ids, f"{request_id}:cancelled")
         return ok, backoff
+
+    # 5a: launches, several at once -----------------------------------------------------------------
+    def _launch_all(self, placed: list[tuple[QueuedJob, list[PlacementOption]]]
+                    ) -> list[tuple[QueuedJob, str, Any]]:
+        """Launch ``placed`` in waves of :attr:`launch_concurrency` (in order; one job at a time by
+        default), the leadership checked before each wave: a replica deposed meanwhile launches nothing
+        more, and the next leader adopts or requeues the rest. Returns ``(job, request id, outcome)`` per
+        launched job, in ``placed`` order.
+
+        Design choice: waves, not a sliding window, so the lock check stays one round trip per wave and the
+        blocklist a wave's capacity errors filled steers the next wave (within a wave, jobs do not see each
+        other's errors). Providers' ``launch`` is idempotent per request id; the on-prem, Slurm and dry-run
+        pools are safe to call from several threads (each locks its own state, and Slurm runs a client
+        command per call). The default of 1 keeps other adapters' launches one at a time."""
+        width = max(1, int(self.launch_concurrency))
+        outcomes: list[tuple[QueuedJob, str, Any]] = []
+        with contextlib.ExitStack() as stack:
+            pool = None
+            if width > 1 and len(placed) > 1:
+                from concurrent.futures import ThreadPoolExecutor
+
+                pool = stack.enter_context(ThreadPoolExecutor(min(width, len(placed)),
+                                                              thread_name_prefix="hb-launch"))
+            for start in range(0, len(placed), width):
+                if not self.leader.still_leads():  # deposed meanwhile: the next leader adopts or requeues the rest
+                    break
+                wave = placed[start:start + width]
+                if pool is None or len(wave) == 1:
+                    done = [self._launch_one(job, options) for job, options in wave]
+                else:
+                    done = list(pool.map(lambda p: self._launch_one(*p), wave))
+                outcomes.extend(o for o in done if o is not None)
+                if any(o is None for o in done):
+                    break  # shutting down: launch nothing more
+        return outcomes
+
+    def _launch_one(self, job: QueuedJob, options: list[PlacementOption]) -> tuple[QueuedJob, str, Any] | None:
+        """Launch one placed job on its options (:func:`providers.failover.provision`; a pool's warm instance
+        first when the job is bound to one; a gang over several hosts or zones part by part). Never raises a
+        provider error: it is in the outcome. ``None`` when a shutdown ended a retry wait: the job stays
+        PROVISIONING for the next start's reconciliation."""
+        from providers.failover import provision
+
+        request_id = job.request_id or f"{job.id}-r{job.retries}"
+        tags = {TAG_JOB: job.id, TAG_NAMESPACE: job.namespace}
+        plan = self._gang_plans.get(job.id)
+
+        def launch(opts: list[PlacementOption], count: int) -> Any:
+            return provision(opts, self.state.get_provider, request_id=request_id, tags=tags, job=job.spec,
+                             retry=job.spec.retry, clock=_RetryClock(self.clock, self._stop),
+                             blocklist=self.blocklist, rng=self.rng, count=count,
+                             wait_budget_seconds=self._launch_wait_budget())
+
+        try:
+            if self._binding(job.id, options[0]) is not None:  # warm pool: run on its instance, else the rest
+                outcome = self.warm.launch(job, request_id, tags)
+                if not outcome.ok and len(options) > 1:
+                    rest = launch(options[1:], 1)
+                    outcome = dataclasses.replace(rest, attempts=[*outcome.attempts, *rest.attempts])
+            elif plan is not None and len(plan) > 1:  # gang: one launch per host/zone, all or nothing
+                outcome = self._launch_gang(job, request_id, plan, options[0])
+            else:
+                outcome = launch(options, max(1, job.request.nodes))
+                outcome = self._whole_gang(job, request_id, outcome)  # gang: never fewer than N running
+        except _Stopping:
+            log.warning("job %s: stopped while its launch waited to be retried; the next start reconciles it",
+                        job.id)
+            return None
+        for a in outcome.attempts:
+            if a.outcome not in ("launched", "skipped"):
+                self.metrics.provider_errors.labels(a.provider, a.outcome).inc()
+        return job, request_id, outcome
 
     @staticmethod
     def _attempt_row(job_id: str, request_id: str, a: Attempt, now: datetime) -> dict[str, Any]:

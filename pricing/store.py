@@ -8,6 +8,7 @@ one index entry). Writers use atomic renames; one writer at a time is assumed (t
 from __future__ import annotations
 
 import json
+import os
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,12 +45,14 @@ class CatalogStore:
         version = catalog.version
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / f"{version}.npz"
-        if not path.is_file():
-            catalog.save_npz(path)
+        if not path.is_file():  # written aside and renamed: replicas sharing a data dir may save at once
+            part = self.root / f"{version}.{os.getpid()}.part.npz"
+            catalog.save_npz(part)
+            os.replace(part, path)
         idx = self._index()
         if not any(e["version"] == version for e in idx):
             idx.append({"version": version, "created_at": datetime.now(UTC).isoformat(), "label": label})
-            tmp = self._index_path().with_suffix(".tmp")
+            tmp = self._index_path().with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(idx, indent=1))
             tmp.replace(self._index_path())
         return version

@@ -68,6 +68,7 @@ from .sandbox import Sandbox, clean_env, safe_workdir, secure_data_dir
 __all__ = ["OnPremPool", "HostLike", "InventoryLike", "LocalHost"]
 
 _RUNNER = str(Path(__file__).with_name("_runner.py"))
+_TERMINATED_MARK = "terminated"  # an empty file in a run's directory: the ended run was terminated (clean-up)
 TAG_NAMESPACE = "hb-namespace"  # as broker.scheduler.TAG_NAMESPACE: whose user a run gets
 
 
@@ -200,6 +201,9 @@ class OnPremPool:
         self._errors: list[ProviderError] = []
         # Hosts taken out of placement (broker.ops.health: a lost host until it beats again).
         self.cordoned: set[str] = set()
+        # Runs known to have ended and been terminated: adopt() does not read their run.json again (a new
+        # leader adopts on every reconcile while a takeover is unresolved; the directory holds every run).
+        self._settled: set[str] = set()
         self._adopt()
 
     # -- offers and capacity --------------------------------------------------------------------------
@@ -313,7 +317,7 @@ class OnPremPool:
                 )
             digest = hashlib.sha256(request_id.encode()).hexdigest()[:12]
             free_gpu_ids = [g for g in range(host.gpus) if g not in used_gpus]
-            made = []
+            made, to_write = [], []
             for n in range(count):
                 iid = f"onprem-{digest}-{n}"
                 gpu_ids = free_gpu_ids[n * want_gpu : (n + 1) * want_gpu]
@@ -333,18 +337,31 @@ class OnPremPool:
                     "killed_signal": None,
                 }
                 run_dir = self.runs_dir / iid
-                run_dir.mkdir(parents=True, exist_ok=True)
-                os.chmod(run_dir, 0o711)
                 if host.local:
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                    os.chmod(run_dir, 0o711)
                     assert job is not None
                     self._start(iid, rec, run_dir, job)
                 else:
                     hours = job.request.duration_hours if job else 1.0
                     rec["ends_at"] = (self._clock.now() + timedelta(hours=hours)).isoformat()
-                    self._runs[iid] = rec
-                    self._save(iid, rec)
+                    self._runs[iid] = rec  # holds its capacity from now on
+                    to_write.append((iid, rec))
                 made.append(self._to_instance(iid, rec))
-            return made
+        # A simulated run is launched once its run.json is on disk; written outside the lock so launches on
+        # several threads wait for the disk together. Nothing is returned before it is durable.
+        try:
+            for iid, rec in to_write:
+                (self.runs_dir / iid).mkdir(parents=True, exist_ok=True)
+                os.chmod(self.runs_dir / iid, 0o711)
+                self._save(iid, rec)
+        except OSError:  # not launched: forget the runs, and any record already written
+            with self._lock:
+                for iid, _ in to_write:
+                    self._runs.pop(iid, None)
+                    (self.runs_dir / iid / "run.json").unlink(missing_ok=True)
+            raise
+        return made
 
     def _start(self, iid: str, rec: dict[str, Any], run_dir: Path, job: JobSpec) -> None:
         """Start the run: its intent in ``run.json`` first, then the process, then its pid (module docstring)."""
@@ -527,13 +544,18 @@ class OnPremPool:
                 rec = self._runs.get(iid)
                 if rec is None or rec["terminated"]:
                     continue
+                was_running = not self._ended(iid, rec)
             self.stop(iid)
             with self._lock:
                 rec["terminated"] = True
-                self._save(iid, rec)
+                if was_running:
+                    self._save(iid, rec)
+                else:  # ended before (the clean-up after a finished run): an empty mark, run.json stays as is
+                    self._mark_terminated(iid)
                 if not self._alive(iid, rec):  # ended for good: its record stays on disk, not in memory
                     self._runs.pop(iid, None)
                     self._procs.pop(iid, None)
+                    self._settled.add(iid)
 
     def poll_errors(self) -> list[ProviderError]:
         with self._lock:
@@ -552,6 +574,13 @@ class OnPremPool:
             os.fsync(f.fileno())
         os.replace(tmp, path)
 
+    def _mark_terminated(self, iid: str) -> None:
+        """Mark an ended run terminated with an empty ``terminated`` file beside its ``run.json`` (read by
+        :meth:`_load`). Design choice: the clean-up of every finished run would otherwise rewrite its
+        ``run.json`` (a rename over a file, which ext4 flushes: ~3 ms a run); losing the mark in a crash only
+        makes a restarted pool load that ended run once more."""
+        os.close(os.open(self.runs_dir / iid / _TERMINATED_MARK, os.O_WRONLY | os.O_CREAT, 0o600))
+
     def adopt(self) -> int:
         """Load the runs other broker processes wrote into the runs directory since this pool started (a new
         scheduler leader sharing the data directory calls it on takeover). Returns how many were new."""
@@ -564,7 +593,8 @@ class OnPremPool:
         without a pid is resolved here (module docstring: launch order)."""
         new = 0
         for path in sorted(self.runs_dir.glob("*/run.json")):
-            if path.parent.name not in self._runs and self._load(path, keep=True) is not None:
+            name = path.parent.name
+            if name not in self._runs and name not in self._settled and self._load(path, keep=True) is not None:
                 new += 1
         return new
 
@@ -575,6 +605,8 @@ class OnPremPool:
             rec: dict[str, Any] = json.loads(path.read_text())
         except (OSError, ValueError):
             return None
+        if not rec.get("terminated") and (path.parent / _TERMINATED_MARK).exists():
+            rec["terminated"] = True
         if rec.get("host") not in self._by_host:
             if keep:
                 self._errors.append(
@@ -594,6 +626,8 @@ class OnPremPool:
             self._save(rec["id"], rec)
         if not (rec.get("terminated") and self._ended(rec["id"], rec)):
             self._runs[rec["id"]] = rec
-        elif keep:
-            return None
+        else:
+            self._settled.add(rec["id"])
+            if keep:
+                return None
         return rec

@@ -27,6 +27,7 @@ it, starts it on a node of the partition and reports its state.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -37,7 +38,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,7 @@ class SlurmPool:
         self._by_instance: dict[str, tuple[str, int]] = {}  # instance id -> (request id, node)
         self._accounting: bool | None = None
         self._final: dict[str, Instance] = {}  # slurm id -> its instance, once it ended
+        self._launching: dict[str, list[Any]] = {}  # request id -> [its launch lock, holders and waiters]
         self._load_records()
 
     # -- running the clients --------------------------------------------------------------------------
@@ -361,8 +363,12 @@ class SlurmPool:
                 provider=self.name, region=offer.region, request_id=request_id,
             )
         all_tags = launch_tags(tags, request_id)
-        with self._lock:
-            rec = self._records.get(request_id)
+        # One launch per request id at a time; launches of different requests run their squeue/sbatch
+        # commands concurrently (the scheduler may launch several jobs at once), the pool's own state under
+        # its lock only while it changes.
+        with self._request_lock(request_id):
+            with self._lock:
+                rec = self._records.get(request_id)
             if rec is None:
                 rec = {"request_id": request_id, "tags": all_tags, "partition": offer.instance_type.name,
                        "runs": [], "terminated": [], "launched_at": datetime.now(UTC).isoformat()}
@@ -373,18 +379,37 @@ class SlurmPool:
                         rec["runs"].append({"node": node, "slurm_id": row["id"],
                                             "run_dir": str(self._run_dir(request_id, node))})
                 if rec["runs"]:
-                    self._save(rec)
+                    with self._lock:
+                        self._save(rec)
             have = {r["node"] for r in rec["runs"]}
             for n in range(count):
                 if n in have:
                     continue
-                rec["runs"].append({"node": n, "slurm_id": self._submit(offer, request_id, n, all_tags, job),
-                                    "run_dir": str(self._run_dir(request_id, n))})
-                self._save(rec)
-            rec["runs"].sort(key=lambda r: r["node"])
-            # Just submitted (or found): reported pending; instances() reads the live state.
-            pending = {"state": "PENDING", "nodes": ""}
-            return [self._to_instance(rec, run, pending) for run in rec["runs"][:max(count, 1)]]
+                slurm_id = self._submit(offer, request_id, n, all_tags, job)
+                with self._lock:
+                    rec["runs"].append({"node": n, "slurm_id": slurm_id,
+                                        "run_dir": str(self._run_dir(request_id, n))})
+                    self._save(rec)
+            with self._lock:
+                rec["runs"].sort(key=lambda r: r["node"])
+                # Just submitted (or found): reported pending; instances() reads the live state.
+                pending = {"state": "PENDING", "nodes": ""}
+                return [self._to_instance(rec, run, pending) for run in rec["runs"][:max(count, 1)]]
+
+    @contextlib.contextmanager
+    def _request_lock(self, request_id: str) -> Iterator[None]:
+        """Held while ``request_id`` is launched (a lock per request id, dropped when no one holds it)."""
+        with self._lock:
+            entry = self._launching.setdefault(request_id, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
+        finally:
+            with self._lock:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    self._launching.pop(request_id, None)
 
     def _run_dir(self, request_id: str, node: int) -> Path:
         return self.runs_dir / f"{self._digest(request_id)}-{node}"

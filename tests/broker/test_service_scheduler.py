@@ -33,7 +33,7 @@ NS = "default"
 class Harness:
     """An app with a manual clock, its providers, and helpers to submit and inspect jobs."""
 
-    def __init__(self, tmp_path: Path, store_url: str, aws: Any = None) -> None:
+    def __init__(self, tmp_path: Path, store_url: str, aws: Any = None, **overrides: Any) -> None:
         import pricing
 
         self.clock = ManualClock()
@@ -44,7 +44,8 @@ class Harness:
         inventory = pricing.load_inventory(write_inventory(tmp_path))
         self.pool = OnPremPool(inventory, tmp_path / "data", clock=self.clock, grace_seconds=1.0)
         self.aws = aws if aws is not None else FakeProvider("aws")
-        self.app = make_app(tmp_path, store_url, providers={"onprem": self.pool, "aws": self.aws}, clock=self.clock)
+        self.app = make_app(tmp_path, store_url, providers={"onprem": self.pool, "aws": self.aws}, clock=self.clock,
+                            **overrides)
         self.hb = self.app.state.hb
         self.scheduler = self.hb.scheduler
 
@@ -153,7 +154,9 @@ def test_a_stop_ends_a_launch_retry_wait_at_once_and_leaves_the_job_to_reconcili
     from tests.broker.service_support import make_app
 
     aws = FakeProvider("aws", fail=lambda *a: TransientError("throttled"))
-    app = make_app(tmp_path, store_url, providers={"aws": aws}, clock=SystemClock())
+    # a wait budget over the spec's delays: the launch really sleeps in the cycle (the default, 10 s, would
+    # block the offer and move on instead: tests/providers/test_providers_failover.py)
+    app = make_app(tmp_path, store_url, providers={"aws": aws}, clock=SystemClock(), launch_retry_wait_seconds=3600)
     hb = app.state.hb
     try:
         slow = {"backoffLimit": 5, "retryDelaySeconds": 600, "maxRetryDelaySeconds": 600}
@@ -181,7 +184,9 @@ def test_a_stop_ends_a_launch_retry_wait_at_once_and_leaves_the_job_to_reconcili
 
 def test_transient_errors_are_retried_per_option_with_the_spec_backoff_then_the_job_fails_saying_why(
         tmp_path: Path, store_url: str) -> None:
-    h = Harness(tmp_path, store_url, aws=FakeProvider("aws", fail=lambda *a: TransientError("throttled")))
+    # the launch's wait budget over the spec's delays (10 + 15 s per option): every retry is slept in the cycle
+    h = Harness(tmp_path, store_url, aws=FakeProvider("aws", fail=lambda *a: TransientError("throttled")),
+                launch_retry_wait_seconds=3600)
     try:
         spec_retry = {"backoffLimit": 2, "retryDelaySeconds": 10, "maxRetryDelaySeconds": 15}
         (job_id,) = h.submit(job_doc("tr", providers=["aws"], retry=spec_retry))
@@ -262,6 +267,55 @@ def test_dry_run_clouds_finish_after_the_estimate_on_the_clock(tmp_path: Path, s
         assert "[dry-run]" in next(e["reason"] for e in h.detail(job_id)["events"] if e["to"] == "RUNNING")
     finally:
         h.stop_runs()
+
+
+class _LaunchesTogether(DryRunProvider):
+    """A dry-run cloud whose launches wait until ``width`` of them are in flight at once (a barrier): a
+    scheduler launching one job at a time breaks the barrier and every launch fails."""
+
+    def __init__(self, clock: ManualClock, width: int) -> None:
+        super().__init__("aws", clock=clock)
+        self.barrier = threading.Barrier(width, timeout=20)
+        self.threads: set[str] = set()
+
+    def launch(self, *args: Any, **kwargs: Any) -> Any:
+        self.threads.add(threading.current_thread().name)
+        self.barrier.wait()
+        return super().launch(*args, **kwargs)
+
+
+def test_launches_run_in_waves_of_the_launch_concurrency_and_each_job_is_launched_once(
+        tmp_path: Path, store_url: str) -> None:
+    h = Harness(tmp_path, store_url)
+    h.aws = _LaunchesTogether(h.clock, width=4)
+    h.hb.providers["aws"] = h.aws
+    h.scheduler.launch_concurrency = 4
+    try:
+        ids = h.submit(*(job_doc(f"w-{i}", providers=["aws"]) for i in range(8)))
+        assert h.scheduler.run_cycle().provisioned == 8  # two waves of 4, each through the barrier
+        for job_id in ids:
+            d = h.detail(job_id)
+            assert d["state"] == "RUNNING" and [a["outcome"] for a in d["attempts"]] == ["launched"], d
+        assert len(h.aws.instances()) == 8 and len(h.aws.threads) == 4, h.aws.threads
+    finally:
+        h.stop_runs()
+
+
+@pytest.mark.parametrize(("raw", "expected"), [(None, 1), ("8", 8), ("0", "positive"), ("65", "at most 64"),
+                                               ("two", "integer")],
+                         ids=["one launch at a time by default", "a width", "zero is refused",
+                              "more threads than the cap are refused", "a word is refused"])
+def test_the_launch_concurrency_setting(raw: str | None, expected: int | str) -> None:
+    from broker.config import load_settings
+    from broker.errors import SpecError
+
+    env = {} if raw is None else {"BROKER_SCHEDULER_LAUNCH_CONCURRENCY": raw}
+    if isinstance(expected, int):
+        assert load_settings(env).launch_concurrency == expected
+    else:
+        with pytest.raises(SpecError, match=expected) as err:
+            load_settings(env)
+        assert "BROKER_SCHEDULER_LAUNCH_CONCURRENCY" in str(err.value)
 
 
 def test_restart_reconciles_instances_by_tag(tmp_path: Path, store_url: str) -> None:

@@ -176,7 +176,7 @@ def test_cancel_and_logs_through_a_replica_on_another_machine(tmp_path: Path) ->
     and its cancel stops it before the job reads CANCELLED."""
     from providers.onprem import _proc_start_ticks
     from tests.broker.replica_support import ADMIN_H as REP_H
-    from tests.broker.replica_support import Replica, pg_database, prepare_database, stop_all
+    from tests.broker.replica_support import EnvSide, Replica, pg_database, prepare_database, stop_all
 
     with pg_database() as url:
         if url is None:
@@ -184,7 +184,7 @@ def test_cancel_and_logs_through_a_replica_on_another_machine(tmp_path: Path) ->
         prepare_database(url)
         env = {"BROKER_PROVIDERS": "onprem", "BROKER_ONPREM_SANDBOX": "off",
                "BROKER_INVENTORY": str(write_inventory(tmp_path))}
-        replicas = [Replica(n, tmp_path, url, env=env) for n in ("machine-a", "machine-b")]
+        replicas = [Replica(n, tmp_path, url, EnvSide(env)) for n in ("machine-a", "machine-b")]
         try:
             for r in replicas:
                 r.start()

@@ -234,7 +234,10 @@ class Broker:
         from pricing.catalog import Catalog
 
         settings = load_settings({}, data_dir=tmp_path / "data", database_url=f"sqlite:///{tmp_path}/b.db",
-                                 admin_token=ADMIN, scheduler_enabled=False, providers=(cloud.name,))
+                                 admin_token=ADMIN, scheduler_enabled=False, providers=(cloud.name,),
+                                 # every retry of SPEC_RETRY slept in the cycle, on every option (the default
+                                 # budget, 10 s per job, is tested in test_providers_failover.py)
+                                 launch_retry_wait_seconds=60)
         catalog = Catalog.from_offers(cloud.offers, Provenance("test", "2026-12-01", provider=cloud.name))
         self.cloud = cloud
         self.app = create_app(settings, providers={cloud.name: cloud.provider}, catalog=catalog,

@@ -205,6 +205,10 @@ def test_a_remote_host_is_simulated_on_the_clock_and_labelled(tmp_path: Path) ->
     clock.advance(2 * 3600)
     assert pool.instance(inst.id).state is InstanceState.SUCCEEDED
     assert pool.free()["rack-1"]["vcpus"] == 8
+    pool.terminate([inst.id], "done")  # step 6's clean-up of an ended run: marked, dropped from memory
+    assert pool.instances() == [] and pool.instance(inst.id).state is InstanceState.TERMINATED
+    again = OnPremPool(INV, tmp_path, clock=clock)
+    assert again.instances() == [] and again.instance(inst.id).state is InstanceState.TERMINATED
 
 
 def test_a_local_launch_without_a_command_is_an_invalid_request(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from sqlalchemy import create_engine, inspect
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, func, select
 
-from broker.decisions import DecisionRecord, query_decisions, record_decision, record_outcome
+from broker.decisions import DecisionRecord, query_decisions, record_decision, record_outcome, record_outcomes
 from broker.reports.store import load_records
 from tests.reports.builders import T0, make_option, make_request, make_result, synthetic
 from tests.reports.conftest import fill
@@ -82,6 +82,34 @@ def test_record_outcome_prices_the_actual_runtime(
         assert record_outcome(s, "no-such-job", 1.0, T0) is None
         with pytest.raises(ValueError):
             record_outcome(s, "j1", -1.0, T0)
+
+
+def test_record_outcomes_writes_what_record_outcome_writes_one_job_at_a_time(store_engine: Engine) -> None:
+    """The scheduler's bulk writer: same values on the same records (the latest placement of each job),
+    jobs without a record skipped, a negative runtime refused before anything is written."""
+    runs = [("j1", 2.5, T0 + timedelta(hours=2.5)), ("j2", 4.0, T0 + timedelta(hours=4)),
+            ("j3", 0.5, T0 + timedelta(hours=0.5)), ("none", 1.0, T0)]
+    with Session(store_engine) as s:
+        for job_id, deadline in (("j1", 10), ("j2", 2), ("j3", None)):
+            _record(s, job_id, deadline_hours=deadline)
+        older = _record(s, "j2", deadline_hours=2)  # j2 placed twice: the latest record (highest id) gets it
+        s.commit()
+        with pytest.raises(ValueError):
+            record_outcomes(s, [("j1", 1.0), ("j2", -1.0)], T0)
+        assert sum(record_outcomes(s, [(job_id, hours)], end) for job_id, hours, end in runs) == 3
+        s.commit()
+        bulk = {(r.job_id, r.id): (r.runtime_hours, r.actual_cost_usd, r.deadline_met, r.finished_at)
+                for r in s.exec(select(DecisionRecord)).all()}
+        assert bulk[("j2", older)][0] == 4.0 and sum(v[0] is not None for v in bulk.values()) == 3
+    with Session(store_engine) as s:
+        s.execute(DecisionRecord.__table__.update().values(  # type: ignore[attr-defined]
+            runtime_hours=None, actual_cost_usd=None, deadline_met=None, finished_at=None))
+        for job_id, hours, at in runs:
+            record_outcome(s, job_id, hours, at)
+        s.commit()
+        one_by_one = {(r.job_id, r.id): (r.runtime_hours, r.actual_cost_usd, r.deadline_met, r.finished_at)
+                      for r in s.exec(select(DecisionRecord)).all()}
+    assert bulk == one_by_one
 
 
 def test_query_filters_by_namespace_and_window_and_core_load_agrees(store_engine: Engine) -> None:

@@ -24,18 +24,19 @@ locals {
 
   # Configuration keys of `broker serve` (docs/CONFIG.md) set as plain environment variables.
   broker_environment_base = {
-    BROKER_HOST                       = "0.0.0.0"
-    BROKER_PORT                       = tostring(var.broker_port)
-    BROKER_DATA_DIR                   = local.data_dir
-    BROKER_PROVIDERS                  = var.broker_providers
-    BROKER_LOG_LEVEL                  = var.broker_log_level
-    BROKER_SCHEDULER_INTERVAL_SECONDS = tostring(var.broker_scheduler_interval_seconds)
-    BROKER_MAX_BODY_BYTES             = tostring(var.broker_max_body_bytes)
-    BROKER_MQTT_URL                   = local.mqtt_internal_url
-    BROKER_MQTT_CA_FILE               = "${local.secrets_dir}/ca.pem"
-    BROKER_MQTT_CERT_FILE             = "${local.secrets_dir}/gateway.pem"
-    BROKER_MQTT_KEY_FILE              = "${local.secrets_dir}/gateway.key"
-    BROKER_CA_KEY_FILE                = "${local.secrets_dir}/ca.key"
+    BROKER_HOST                         = "0.0.0.0"
+    BROKER_PORT                         = tostring(var.broker_port)
+    BROKER_DATA_DIR                     = local.data_dir
+    BROKER_PROVIDERS                    = var.broker_providers
+    BROKER_LOG_LEVEL                    = var.broker_log_level
+    BROKER_SCHEDULER_INTERVAL_SECONDS   = tostring(var.broker_scheduler_interval_seconds)
+    BROKER_SCHEDULER_LAUNCH_CONCURRENCY = tostring(var.broker_scheduler_launch_concurrency)
+    BROKER_MAX_BODY_BYTES               = tostring(var.broker_max_body_bytes)
+    BROKER_MQTT_URL                     = local.mqtt_internal_url
+    BROKER_MQTT_CA_FILE                 = "${local.secrets_dir}/ca.pem"
+    BROKER_MQTT_CERT_FILE               = "${local.secrets_dir}/gateway.pem"
+    BROKER_MQTT_KEY_FILE                = "${local.secrets_dir}/gateway.key"
+    BROKER_CA_KEY_FILE                  = "${local.secrets_dir}/ca.key"
   }
 
   # Optional keys: set only when the variable is not null.

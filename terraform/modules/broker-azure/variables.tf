@@ -187,6 +187,12 @@ variable "broker_scheduler_interval_seconds" {
   default     = 1.0
 }
 
+variable "broker_scheduler_launch_concurrency" {
+  description = "BROKER_SCHEDULER_LAUNCH_CONCURRENCY: launches the scheduler leader has in flight at once (1..64)."
+  type        = number
+  default     = 1
+}
+
 variable "broker_max_body_bytes" {
   description = "BROKER_MAX_BODY_BYTES: largest accepted request body (HTTP 413 beyond)."
   type        = number
