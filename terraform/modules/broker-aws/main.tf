@@ -31,6 +31,7 @@ locals {
     BROKER_LOG_LEVEL                    = var.broker_log_level
     BROKER_SCHEDULER_INTERVAL_SECONDS   = tostring(var.broker_scheduler_interval_seconds)
     BROKER_SCHEDULER_LAUNCH_CONCURRENCY = tostring(var.broker_scheduler_launch_concurrency)
+    BROKER_LAUNCH_RETRY_WAIT_SECONDS    = tostring(var.broker_launch_retry_wait_seconds)
     BROKER_MAX_BODY_BYTES               = tostring(var.broker_max_body_bytes)
     BROKER_MQTT_URL                     = local.mqtt_internal_url
     BROKER_MQTT_CA_FILE                 = "${local.secrets_dir}/ca.pem"

@@ -187,6 +187,12 @@ variable "broker_scheduler_interval_seconds" {
   default     = 1.0
 }
 
+variable "broker_launch_retry_wait_seconds" {
+  description = "BROKER_LAUNCH_RETRY_WAIT_SECONDS: the most one job's launch sleeps between transient retries in a scheduler cycle."
+  type        = number
+  default     = 10
+}
+
 variable "broker_scheduler_launch_concurrency" {
   description = "BROKER_SCHEDULER_LAUNCH_CONCURRENCY: launches the scheduler leader has in flight at once (1..64)."
   type        = number
