@@ -31,6 +31,10 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+# A refused SUBSCRIBE (a device the access control does not know yet) is retried at least this often.
+SUBSCRIBE_RETRY_MAX_SECONDS = 5.0
+
+
 class MqttTransport:
     """A paho client with mutual TLS that keeps reconnecting (backoff 1 s doubling up to
     ``reconnect_max_seconds``) until closed.
@@ -41,7 +45,8 @@ class MqttTransport:
     ``connected`` (and ``on_state(True)``) means connected *and* subscribed: Mosquitto's access control
     (the dynamic-security plugin, which the gateway fills from the device registry) refuses a device's
     SUBSCRIBE until the device is known to it, e.g. for a moment after enrollment; a refused SUBACK is
-    retried after 1 s, doubling up to ``reconnect_max_seconds``, and nothing is published meanwhile.
+    retried after 1 s, doubling up to :data:`SUBSCRIBE_RETRY_MAX_SECONDS` (a cheap request: the device gets in
+    within seconds of the gateway knowing it), and nothing is published meanwhile.
 
     On every (re)connect the messages paho still holds are discarded, under :attr:`send_lock`, before
     ``on_state(True)`` runs: the caller's durable outbox re-sends from its oldest unacknowledged message,
@@ -116,7 +121,7 @@ class MqttTransport:
             self._retry = threading.Timer(self._sub_delay, self._resubscribe, args=(client,))
             self._retry.daemon = True
             self._retry.start()
-            self._sub_delay = min(2 * self._sub_delay, self._reconnect_max)
+            self._sub_delay = min(2 * self._sub_delay, self._reconnect_max, SUBSCRIBE_RETRY_MAX_SECONDS)
             return
         with self.send_lock:
             self._on_state(True)
