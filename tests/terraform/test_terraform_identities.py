@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.terraform.permscan import azure_action, gce_permission, scan_providers
-from tests.terraform.tfload import REPO, TERRAFORM, blocks
+from tests.terraform.tfload import REPO, TERRAFORM, blocks, unquote
 
 MODULES = TERRAFORM / "modules"
 
@@ -218,3 +218,17 @@ def test_permscan_module_parses() -> None:
     source = (Path(__file__).parent / "permscan.py").read_text()
     assert "__all__" in {t.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Assign) for t in n.targets
                          if isinstance(t, ast.Name)}
+
+
+def test_gcp_workload_identity_principals_may_only_impersonate_the_service_account() -> None:
+    """Federated principals get roles/iam.workloadIdentityUser on the provisioning service account only (no
+    project role, no key); none by default, and a value that is not a pool principal is refused."""
+    gcp = MODULES / "provider-identity-gcp"
+    res = dict(blocks(gcp, "resource"))
+    binding = res["google_service_account_iam_member.workload_identity"]
+    assert unquote(binding["role"]) == "roles/iam.workloadIdentityUser"
+    assert "google_service_account.this.name" in str(binding["service_account_id"])
+    assert "var.workload_identity_principals" in str(binding["for_each"])
+    assert not any(k.startswith("google_project_iam") and "workloadIdentity" in str(v) for k, v in res.items())
+    var = dict(blocks(gcp, "variable"))["workload_identity_principals"]
+    assert var["default"] == [] and "principal(Set)?://" in str(var["validation"])

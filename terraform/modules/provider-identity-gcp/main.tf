@@ -84,3 +84,15 @@ resource "google_project_iam_member" "lifecycle" {
     }
   }
 }
+
+# Workload identity federation: the principals of an external identity pool (a broker running on AWS or
+# Azure, or in Kubernetes) may impersonate the service account, so no key is ever created. The broker uses
+# an `external_account` credential file (GOOGLE_APPLICATION_CREDENTIALS) with that pool's provider and
+# `service_account_impersonation_url` naming this account (docs/PROVIDERS.md, credentials).
+resource "google_service_account_iam_member" "workload_identity" {
+  for_each = toset(var.workload_identity_principals)
+
+  service_account_id = google_service_account.this.name
+  role               = "roles/iam.workloadIdentityUser"
+  member             = each.value
+}

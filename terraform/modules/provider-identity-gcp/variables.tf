@@ -20,3 +20,14 @@ variable "instance_name_prefix" {
   type        = string
   default     = "hb-"
 }
+
+variable "workload_identity_principals" {
+  description = "Federated principals allowed to impersonate the service account (roles/iam.workloadIdentityUser), e.g. principalSet://iam.googleapis.com/projects/NUMBER/locations/global/workloadIdentityPools/POOL/attribute.aws_role/arn:aws:sts::ACCOUNT:assumed-role/ROLE. Empty = none (use a key or ADC)."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for p in var.workload_identity_principals : can(regex("^principal(Set)?://iam\\.googleapis\\.com/", p))])
+    error_message = "Each principal must be a principal:// or principalSet:// identifier of a workload identity pool."
+  }
+}
