@@ -234,6 +234,7 @@ class Gateway:
         self._acl_applied: set[str] | None = None
         self._acl_full_at = 0.0
         self.acl_managed: bool | None = None  # None: not yet known; False: Mosquitto has no plugin
+        self._acl_failures = 0  # plugin requests in a row that got no answer: retried after 2, 4, ... 300 s
         self._ctl_lock = threading.Lock()
         self._ctl_waiting: dict[str, tuple[threading.Event, list[dict[str, Any]]]] = {}
         self._acl_thread: threading.Thread | None = None
@@ -380,7 +381,10 @@ class Gateway:
 
     def _acl_loop(self) -> None:
         while not self._stop.is_set():
-            self._acl_wake.wait(self.acl_sync_s if self.acl_managed is not False else 300.0)
+            # no answer yet (no plugin, or the first request raced the response subscription right after a
+            # connect): retried soon, then less often, never given up
+            self._acl_wake.wait(self.acl_sync_s if self.acl_managed is not False
+                                else min(300.0, 2.0 ** self._acl_failures))
             self._acl_wake.clear()
             if self._stop.is_set() or not self._connected.is_set():
                 continue
@@ -408,6 +412,7 @@ class Gateway:
                                 "left to Mosquitto's own ACL. To fix: generate the config with `broker mqtt "
                                 "config`", "no response" if lists is None else lists)
                 self.acl_managed = False
+                self._acl_failures += 1
                 return None
             roles = {r for r in lists[0].get("data", {}).get("roles", []) if isinstance(r, str)}
             clients = {c for c in lists[1].get("data", {}).get("clients", []) if isinstance(c, str)}
@@ -432,6 +437,7 @@ class Gateway:
         if self.acl_managed is not True:
             log.info("device access is managed in Mosquitto's dynamic-security plugin")
         self.acl_managed = True
+        self._acl_failures = 0
         self._acl_applied = desired
         if grant or revoke:
             log.info("device ACL sync: %d granted, %d revoked", len(grant), len(revoke))
