@@ -257,6 +257,18 @@ def record_decisions(session: Session, decisions: Sequence[Mapping[str, Any]]) -
     return len(rows)
 
 
+def _outcome(chosen: Mapping[str, Any], nodes: int, deadline: datetime | None, runtime_hours: float,
+             finished_at: datetime) -> dict[str, Any]:
+    """The outcome columns of one placement record (:func:`record_outcome` and :func:`record_outcomes`):
+    ``actual_cost_usd = hourly_usd * nodes * runtime_hours + egress_usd`` (the egress was paid when the data
+    moved), ``deadline_met`` when the request had a deadline."""
+    finished, due = as_utc(finished_at), as_utc(deadline)
+    return {"runtime_hours": float(runtime_hours), "finished_at": finished,
+            "actual_cost_usd": float(chosen.get("hourly_usd", 0.0)) * max(1, nodes) * float(runtime_hours)
+            + float(chosen.get("egress_usd", 0.0)),
+            "deadline_met": None if due is None or finished is None else finished <= due}
+
+
 def record_outcome(
     session: Session, job_id: str, runtime_hours: float, finished_at: datetime
 ) -> DecisionRecord | None:
@@ -280,14 +292,8 @@ def record_outcome(
     record = session.exec(stmt).first()
     if record is None or record.chosen is None:
         return None
-    finished = as_utc(finished_at)
-    hourly = float(record.chosen.get("hourly_usd", 0.0))
-    egress = float(record.chosen.get("egress_usd", 0.0))
-    record.runtime_hours = float(runtime_hours)
-    record.finished_at = finished
-    record.actual_cost_usd = hourly * max(1, record.nodes) * float(runtime_hours) + egress
-    deadline = as_utc(record.deadline)
-    record.deadline_met = None if deadline is None or finished is None else finished <= deadline
+    for key, value in _outcome(record.chosen, record.nodes, record.deadline, runtime_hours, finished_at).items():
+        setattr(record, key, value)
     session.add(record)
     session.flush()
     return record
@@ -316,20 +322,8 @@ def record_outcomes(session: Session, outcomes: Sequence[tuple[str, float]], fin
         )
         for row in session.execute(stmt):
             latest[row.job_id] = row  # ascending: the last one per job is its latest record
-    finished = as_utc(finished_at)
-    values = []
-    for job_id, row in latest.items():
-        if row.chosen is None:  # a JSON null
-            continue
-        runtime = hours_of[job_id]
-        hourly = float(row.chosen.get("hourly_usd", 0.0))
-        egress = float(row.chosen.get("egress_usd", 0.0))
-        deadline = as_utc(row.deadline)
-        values.append({
-            "id": row.id, "runtime_hours": runtime, "finished_at": finished,
-            "actual_cost_usd": hourly * max(1, row.nodes) * runtime + egress,
-            "deadline_met": None if deadline is None or finished is None else finished <= deadline,
-        })
+    values = [{"id": row.id, **_outcome(row.chosen, row.nodes, row.deadline, hours_of[job_id], finished_at)}
+              for job_id, row in latest.items() if row.chosen is not None]  # None: a JSON null
     if values:
         session.execute(update(DecisionRecord), values)
     return len(values)

@@ -1445,7 +1445,7 @@ class Scheduler:
     def _launch_wait_budget(self) -> float:
         """Seconds one job's launch may wait between transient retries in a cycle (the rest of a longer
         backoff is a block on the offer, so one throttled job never holds the cycle for minutes)."""
-        return float(getattr(self.state.settings, "launch_retry_wait_seconds", 10.0))
+        return float(self.state.settings.launch_retry_wait_seconds)
 
     def _provision(self, placed: list[tuple[QueuedJob, list[PlacementOption]]]) -> tuple[int, int]:
         if not placed:
