@@ -123,14 +123,14 @@ class LogCapture:
     def due(self, pool: Any, job_id: str, iid: str) -> bool:
         """True when a stream of the running ``job_id`` grew since its tail was stored and the last store is
         at least :attr:`every_seconds` old (two ``stat`` calls, no store access)."""
+        last = self._last.get(job_id)
+        if last is not None and time.monotonic() - last[0] < self.every_seconds:
+            return False  # stored recently: no stat (step 6 asks this of every running on-prem run each cycle)
         paths = self._paths(pool, iid)
         if paths is None:
             return False
         sizes = self._sizes(paths)
-        last = self._last.get(job_id)
-        if last is None:
-            return sizes != (0, 0)
-        return last[1] != sizes and time.monotonic() - last[0] >= self.every_seconds
+        return sizes != (0, 0) if last is None else last[1] != sizes
 
     def capture(self, session: Any, pool: Any, job_id: str, iid: str, *, now: datetime, ended: bool) -> bool:
         """Store (replace) the tails of ``job_id``'s run ``iid`` in ``session``; False when the pool does not know
