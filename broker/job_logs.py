@@ -20,6 +20,7 @@ run runs (exact once it ended), and at most :data:`STORED_TAIL_BYTES` of each st
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -84,9 +85,14 @@ def read_tail(path: Path, limit: int) -> tuple[bytes, int] | None:
 
 
 def instance_ids(instances_json: str | None) -> list[str]:
-    """The instance ids of a job row's ``instances_json``."""
-    items = json.loads(instances_json) if instances_json else []
-    return [i["id"] if isinstance(i, dict) else str(i) for i in items or []]
+    """The instance ids of a job row's ``instances_json`` (entries are ``{"id": ...}`` objects or bare ids)."""
+    return list(_parsed_instance_ids(instances_json)) if instances_json else []
+
+
+@functools.lru_cache(maxsize=16_384)
+def _parsed_instance_ids(text: str) -> tuple[str, ...]:
+    """Memoised: the scheduler's step 6 reads every running job's list each cycle."""
+    return tuple(i["id"] if isinstance(i, dict) else str(i) for i in json.loads(text) or [])
 
 
 def _pool_paths(pool: Any, iid: str) -> tuple[Path, Path] | None:

@@ -58,7 +58,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -73,7 +72,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from broker.errors import ProviderError, SpecError
-from broker.job_logs import LogCapture, carry_out_cancels
+from broker.job_logs import LogCapture, carry_out_cancels, instance_ids
 from broker.leader import TAKEOVER_GRACE_SECONDS, FencedOut, Leadership
 from broker.lifecycle import Transition, apply_transitions, note
 from broker.model import (
@@ -232,16 +231,7 @@ def _instances_json(instances: Iterable[Instance]) -> str:
     )
 
 
-def _instance_ids(text: str | None) -> list[str]:
-    if not text:
-        return []
-    return list(_parsed_instance_ids(text))
-
-
-@functools.lru_cache(maxsize=16_384)
-def _parsed_instance_ids(text: str) -> tuple[str, ...]:
-    """The ids of a stored ``instances_json`` (memoised: step 6 reads every running job's each cycle)."""
-    return tuple(i["id"] if isinstance(i, dict) else str(i) for i in json.loads(text))
+_instance_ids = instance_ids  # one parser of a row's instances_json (broker.job_logs)
 
 
 WAIT_ONPREM = "waiting for on-prem capacity"
