@@ -74,6 +74,9 @@ class MqttTransport:
         self._on_state = on_state
         self._connected = threading.Event()
         self._sub_mid: int | None = None
+        # held while a SUBSCRIBE is sent and its mid recorded: a retry is sent from a timer thread, and its
+        # SUBACK can reach the network thread before ``subscribe()`` has returned the mid
+        self._sub_lock = threading.Lock()
         self._sub_delay = 1.0
         self._reconnect_max = max(1, reconnect_max_seconds)
         self._retry: threading.Timer | None = None
@@ -109,11 +112,13 @@ class MqttTransport:
         self._send_subscribe(client)
 
     def _send_subscribe(self, client: mqtt.Client) -> None:
-        self._sub_mid = client.subscribe(self._subscribe, qos=1)[1]
+        with self._sub_lock:
+            self._sub_mid = client.subscribe(self._subscribe, qos=1)[1]
 
     def _handle_subscribe(self, client: mqtt.Client, _u: Any, mid: int, reason_codes: Any, _p: Any) -> None:
-        if mid != self._sub_mid:
-            return
+        with self._sub_lock:
+            if mid != self._sub_mid:
+                return
         if any(getattr(rc, "is_failure", False) for rc in reason_codes):
             self.subscribe_refusals += 1
             log.warning("mqtt subscribe to %s refused (%s); retrying in %.0f s", self._subscribe,

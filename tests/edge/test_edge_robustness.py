@@ -323,6 +323,45 @@ def test_an_agent_refused_at_suback_retries_until_the_gateway_lets_it_in(tmp_pat
         fleet.store.dispose()
 
 
+def test_a_retried_subscribes_suback_handled_before_subscribe_returns_still_counts(tmp_path: Path) -> None:
+    """A refused SUBSCRIBE is retried from a timer thread; its SUBACK can be handled by paho's network thread
+    before ``subscribe()`` has returned the mid (seen under load: the grant was ignored, the device never came
+    in). The grant must still be matched to the retry."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.reasoncodes import ReasonCode
+
+    from edge.agent.transport import MqttTransport
+
+    if MOSQUITTO is None:
+        pytest.skip("mosquitto is not installed (apt-get install -y mosquitto)")
+    fleet = Fleet(tmp_path)
+    cert, key = fleet.enroll("racy-dev")
+    states: list[bool] = []
+    # nothing listens on the port: the real client keeps trying to connect while the retry is exercised below
+    t = MqttTransport(client_id="racy-dev", host="127.0.0.1", port=fleet.mosq.port,
+                      ca_file=str(fleet.ca.directory / "ca.pem"), cert_file=str(cert), key_file=str(key),
+                      subscribe=protocol.down_topic("racy-dev", "#"), on_message=lambda *_a: None,
+                      on_state=states.append, reconnect_max_seconds=1)
+
+    class SubackFirst:
+        """A client whose SUBACK is handled on another thread before ``subscribe()`` returns."""
+
+        def subscribe(self, _topic: str, qos: int) -> tuple[int, int]:
+            granted = [ReasonCode(PacketTypes.SUBACK, identifier=qos)]
+            net = threading.Thread(target=t._handle_subscribe, args=(self, None, 41, granted, None))
+            net.start()
+            net.join(0.5)
+            return 0, 41
+
+    try:
+        t._send_subscribe(SubackFirst())
+        wait_until(lambda: t.connected, 5, "the granted retry to count")
+        assert states == [True]
+    finally:
+        t.close()
+        fleet.store.dispose()
+
+
 # ---- the executor: bounded result lines, the whole process tree, the task user -----------------------------
 def _run_task(root: Path, command: list[str], **extra: Any) -> tuple[str, list[tuple[str, Any, str, bool]]]:
     from edge.agent.executor import TaskHandle, run_task
