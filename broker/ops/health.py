@@ -16,7 +16,8 @@ instances whose request tag is not the job's current one. A job is SUCCEEDED onc
 
 Probes (:mod:`broker.ops.probes`), for RUNNING jobs that declare them, every ``periodSeconds`` of the
 clock after ``initialDelaySeconds``: readiness sets ``ready`` in ``probe_states``; ``failureThreshold``
-consecutive liveness failures restart the job the same way (RUNNING -> PENDING, old run terminated).
+consecutive liveness failures restart the job the same way (RUNNING -> PENDING, old run terminated), or
+with ``restartPolicy: Never`` end it FAILED.
 Edge runs are probed by the agent on the device (:mod:`edge.agent.executor`), which restarts the task in
 place per ``restartPolicy`` and reports its results into ``probe_states`` through the gateway.
 """
@@ -80,6 +81,7 @@ class HealthReport:
     recovered: list[str] = field(default_factory=list)
     replaced: list[str] = field(default_factory=list)  # jobs moved off a lost host or device
     restarted: list[str] = field(default_factory=list)  # jobs restarted by a liveness probe
+    failed: list[str] = field(default_factory=list)  # jobs failed by a liveness probe (restartPolicy: Never)
     probes_run: int = 0
 
 
@@ -183,9 +185,11 @@ class HealthMonitor:
                 _probes.c.job_id.in_([r.id for r in running])))}
         updates: list[dict[str, Any]] = []
         restart: list[tuple[Any, str, dict[str, Any]]] = []
+        fail: list[tuple[Any, str, dict[str, Any]]] = []
         for row in running:
             try:
-                probes = probes_of(json.loads(row.spec_json).get("spec", {}))
+                spec = json.loads(row.spec_json).get("spec", {})
+                probes = probes_of(spec)
             except (SpecError, ValueError, AttributeError):
                 continue
             if not probes or row.provider == "edge":  # edge agents run their tasks' probes themselves
@@ -215,8 +219,13 @@ class HealthMonitor:
                                 "failures": failures, "successes": successes, "ready": ready, "last_at": now,
                                 "message": result.message})
                 if name == "liveness" and failures >= probe.failure_threshold:
-                    restart.append((row, f"liveness probe failed {failures} times ({result.message}); restarted "
-                                         "from its last checkpoint", {"probe": _probe_text(probe)}))
+                    data = {"probe": _probe_text(probe)}
+                    if spec.get("restartPolicy", "OnFailure") == "Never":
+                        fail.append((row, f"liveness probe failed {failures} times ({result.message}); not "
+                                          "restarted (restartPolicy: Never)", data))
+                    else:
+                        restart.append((row, f"liveness probe failed {failures} times ({result.message}); "
+                                             "restarted from its last checkpoint", data))
         if updates:
             with self.state.store.tx() as session:
                 for u in updates:
@@ -224,6 +233,7 @@ class HealthMonitor:
                                                              _probes.c.probe == u["probe"]))
                 session.execute(sa.insert(_probes), updates)
         report.restarted += self.requeue(restart, now, "liveness")
+        report.failed += self.requeue(fail, now, "liveness", restart=False)
 
     def _run_dir(self, row: Any) -> str | None:
         pool = self.state.providers.get("onprem")
@@ -241,11 +251,14 @@ class HealthMonitor:
 
     # -- moving work ------------------------------------------------------------------------------
 
-    def requeue(self, victims: list[tuple[Any, str, dict[str, Any]]], now: datetime, why: str) -> list[str]:
-        """Fence each victim's current run and requeue the job (RUNNING -> PENDING, new request id)."""
+    def requeue(self, victims: list[tuple[Any, str, dict[str, Any]]], now: datetime, why: str, *,
+                restart: bool = True) -> list[str]:
+        """Fence each victim's current run and requeue the job (RUNNING -> PENDING, new request id); with
+        ``restart=False`` (``restartPolicy: Never``) the job ends FAILED instead, its run charged and its
+        placement record given its outcome, as when a run fails by itself."""
         if not victims:
             return []
-        from broker.scheduler import _instance_ids, _preempted_request_id
+        from broker.scheduler import _estimate_usd, _instance_ids, _preempted_request_id
 
         for row, _, _ in victims:  # terminate first: a reachable old run stops before a new one starts
             ids = _instance_ids(row.instances_json)
@@ -264,18 +277,31 @@ class HealthMonitor:
             live = set(session.execute(stmt).scalars())
             transitions = []
             charged = []
+            outcomes: list[tuple[str, float]] = []
             for row, reason, data in victims:
                 if row.id not in live or row.id in moved:
                     continue
-                transitions.append(Transition(
-                    row.id, JobState.RUNNING, JobState.PENDING, reason=reason, data=data,
-                    fields={"instances_json": None, "placement_json": None, "not_before": None, "message": reason,
-                            "request_id": _preempted_request_id(row.id, row.retries, row.request_id)},
-                ))
                 started = utc(row.started_at) if row.started_at else now
-                charged.append((row, max(0.0, (now - started).total_seconds() / 3600.0), 0.0))
+                hours = max(0.0, (now - started).total_seconds() / 3600.0)
+                if restart:
+                    transitions.append(Transition(
+                        row.id, JobState.RUNNING, JobState.PENDING, reason=reason, data=data,
+                        fields={"instances_json": None, "placement_json": None, "not_before": None,
+                                "message": reason,
+                                "request_id": _preempted_request_id(row.id, row.retries, row.request_id)},
+                    ))
+                    charged.append((row, hours, 0.0))  # placed and priced anew: this run is charged in full
+                else:
+                    transitions.append(Transition(row.id, JobState.RUNNING, JobState.FAILED, reason=reason,
+                                                  data=data, fields={"message": reason, "finished_at": now}))
+                    charged.append((row, hours, _estimate_usd(row.placement_json)))
+                    outcomes.append((row.id, hours))
                 moved.append(row.id)
             apply_transitions(session, transitions, now=now)
+            if outcomes:
+                from broker.decisions import record_outcomes
+
+                record_outcomes(session, outcomes, now)
             if sched is not None:
                 sched.charge_runs(session, charged, now)
         for t in transitions:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import sqlalchemy as sa
 
 from broker.clock import ManualClock
@@ -228,6 +229,43 @@ def test_a_failing_liveness_probe_restarts_the_job_and_readiness_follows_its_pro
         with hb.store.read() as session:
             assert _job(session, job_id).state == "RUNNING"  # the restart
         hb.providers["onprem"].terminate([i.id for i in hb.providers["onprem"].instances()], "test-cleanup")
+
+
+def test_restart_policy_never_fails_an_on_prem_job_whose_liveness_probe_fails(tmp_path: Path) -> None:
+    """``restartPolicy: Never``: the liveness failure ends the job FAILED (not re-placed), its run stopped,
+    charged and its placement record given an outcome, like a run that failed by itself."""
+    clock = ManualClock()
+    app = make_app(tmp_path, f"sqlite:///{tmp_path / 'h.db'}", clock=clock)
+    hb = app.state.hb
+    with _health_server() as (host, port, status), serve_in_thread(app) as url, \
+            httpx.Client(base_url=url, timeout=30) as c:
+        c.post("/v1/namespaces", json={"name": "svc"}, headers=ADMIN_H)
+        probe = {"httpGet": {"host": host, "port": port, "path": "/healthz"}, "periodSeconds": 10,
+                 "failureThreshold": 2}
+        doc = job_doc("once", command=[sys.executable, "-c", "import time; time.sleep(60)"], providers=["onprem"],
+                      livenessProbe=probe, restartPolicy="Never")
+        job_id = c.post("/v1/namespaces/svc/jobs", json=doc, headers=ADMIN_H).json()["id"]
+        hb.scheduler.run_cycle()
+        with hb.store.read() as session:
+            first = _job(session, job_id)
+        assert first.state == "RUNNING"
+        status["code"] = 503
+        reports = []
+        for _ in range(2):
+            clock.advance(10)
+            reports.append(hb.ops.health.check(clock.now()))
+        assert [r.failed for r in reports] == [[], [job_id]] and all(r.restarted == [] for r in reports)
+        hb.scheduler.run_cycle()  # nothing re-places it
+        job = c.get(f"/v1/namespaces/svc/jobs/{job_id}", headers=ADMIN_H).json()
+        assert job["state"] == "FAILED" and "restartPolicy: Never" in job["message"], job
+        assert [e["to"] for e in job["events"] if e["from"] != e["to"]][-2:] == ["RUNNING", "FAILED"]
+        old = [hb.providers["onprem"].instance(i["id"]) for i in json.loads(first.instances_json)]
+        assert old and all(i.state.value == "terminated" for i in old)
+        from broker.decisions import DecisionRecord
+
+        with hb.store.read() as session:
+            rec = session.execute(sa.select(DecisionRecord).where(DecisionRecord.job_id == job_id)).scalars().one()
+        assert rec.finished_at is not None and rec.runtime_hours == pytest.approx(20 / 3600)
 
 
 def test_exec_and_tcp_probes(tmp_path: Path) -> None:
