@@ -7,9 +7,10 @@ Three pieces, wired by :func:`install_edge` (``create_app`` calls it when ``BROK
   offers (``AppState.extra_offer_sources``) and device sites with their measured links (``AppState.site_sources``,
   merged into the egress model, so input data size vs a device's bandwidth counts against the deadline).
   :meth:`EdgeFleet.offers_for` narrows them per job: the job's namespace only, devices seen within
-  ``offline_after_s`` plus what the job can wait (:meth:`EdgeFleet.wait_allowance_s`), not a device
-  that lost this job's task and has not been heard from since, and not a device whose open tasks leave
-  too few vCPUs or too little memory for the job (busy slots: the job waits for it instead).
+  ``offline_after_s`` plus what the job can wait (:meth:`EdgeFleet.wait_allowance_s`), not a lost
+  (cordoned) device, not a device that lost this job's task and has not been heard from since, and not a
+  device whose open tasks leave too few vCPUs or too little memory for the job (busy slots: the job waits
+  for it instead).
 * :class:`EdgeProvider` (``providers["edge"]``) is the :class:`providers.base.Provider` of the fleet:
   ``launch`` = :meth:`broker.gateway.Gateway.dispatch` (with an expiry), ``instances`` = the tasks in the
   store, ``terminate`` = a signed ``cancel`` downlink. The gateway's ``job_id`` of a task is the broker's
@@ -138,15 +139,19 @@ class EdgeFleet:
 
     ``offline_after_s`` is when a silent device counts as offline (the gateway's setting);
     ``default_wait_s`` how long a job without a deadline may wait for an offline device; ``max_wait_s``
-    caps any job's wait. :meth:`refresh` reads the store (three queries) and is what the scheduler's
+    caps any job's wait. ``lost_after_s`` (``BROKER_DEVICE_LOST_AFTER_SECONDS``; ``None``: off) cordons a
+    device silent for longer: the health monitor has re-placed its jobs, and no job is placed on it or waits
+    for it until it is heard from again. :meth:`refresh` reads the store (three queries) and is what the scheduler's
     snapshot calls once per cycle; :meth:`sites` and :meth:`offers_for` use the last refresh only.
     """
 
     def __init__(self, store: Store, clock: Clock, *, offline_after_s: float = OFFLINE_AFTER_SECONDS,
-                 default_wait_s: float = DEFAULT_WAIT_SECONDS, max_wait_s: float = MAX_WAIT_SECONDS) -> None:
+                 default_wait_s: float = DEFAULT_WAIT_SECONDS, max_wait_s: float = MAX_WAIT_SECONDS,
+                 lost_after_s: float | None = None) -> None:
         self.store = store
         self.clock = clock
         self.offline_after_s = offline_after_s
+        self.lost_after_s = lost_after_s
         self.default_wait_s = default_wait_s
         self.max_wait_s = max_wait_s
         self._view = _FleetView()
@@ -240,7 +245,11 @@ class EdgeFleet:
                 continue
             if any(dev.labels.get(k) != v for k, v in request.node_selector):
                 continue
-            if (now - dev.last_seen).total_seconds() > self.offline_after_s + wait_s:
+            silent = (now - dev.last_seen).total_seconds()
+            if silent > self.offline_after_s + wait_s:
+                continue
+            if self.lost_after_s is not None and silent > self.lost_after_s:
+                waiting.append(o.location.region)  # cordoned: lost (its jobs re-placed) until heard from again
                 continue
             gave_up_at = lost_here.get(o.location.region)
             if gave_up_at is not None and dev.last_seen <= gave_up_at:
@@ -670,7 +679,8 @@ def install_edge(state: Any, *, gateway_options: Mapping[str, Any] | None = None
     from broker.devices import OFFLINE_AFTER_SECONDS as default_offline
 
     gw_opts = dict(gateway_options or {})
-    fl_opts = {"offline_after_s": float(gw_opts.get("offline_after_s", default_offline)), **(fleet_options or {})}
+    fl_opts = {"offline_after_s": float(gw_opts.get("offline_after_s", default_offline)),
+               "lost_after_s": getattr(state.settings, "device_lost_after_seconds", None), **(fleet_options or {})}
     fleet = EdgeFleet(state.store, state.clock, **fl_opts)
     metrics = getattr(state, "metrics", None)
 

@@ -358,6 +358,22 @@ def test_busy_devices_take_no_more_than_their_cpus_and_the_rest_wait(svc: Servic
     assert states.count(JobState.RUNNING.value) == 2 and states.count(JobState.SUCCEEDED.value) == 1
 
 
+def test_a_lost_device_is_cordoned_until_it_is_heard_from_again(svc: Service) -> None:
+    """With ``BROKER_DEVICE_LOST_AFTER_SECONDS`` a device silent for longer is lost (the health monitor
+    re-places its jobs): no job is placed on it, jobs wait for it (PENDING, not FAILED), until it is heard
+    from again."""
+    svc.edge.fleet.lost_after_s = 30.0
+    add_device(svc.store, Dev("dev-quiet"), svc.now)
+    svc.clock.advance(45)  # within the gateway's offline_after_s (60 s): only the lost rule keeps it out
+    (job_id,) = svc.submit(job_doc("after-loss", providers=["edge"]))
+    svc.hb.scheduler.run_cycle()
+    row = svc.job(job_id)
+    assert row.state == JobState.PENDING.value, (row.state, row.message)
+    touch_device(svc.store, "dev-quiet", svc.now)
+    svc.hb.scheduler.run_cycle()
+    assert svc.job(job_id).state == JobState.RUNNING.value and svc.task(job_id).device_id == "dev-quiet"
+
+
 def test_active_deadline_seconds_is_the_tasks_time_limit_and_bad_values_are_refused(svc: Service) -> None:
     doc = job_doc("deadline-job", providers=["edge"])
     doc["spec"]["activeDeadlineSeconds"] = 45
