@@ -188,7 +188,13 @@ def create_token(
     clock: Annotated[Clock, Depends(get_clock)],
     _admin: Annotated[Any, Depends(require_admin)],
 ) -> dict[str, Any]:
-    """Issue a one-time, expiring enrollment token for a namespace (admin). Only its hash is stored."""
+    """Issue a one-time, expiring enrollment token for a namespace (admin). Only its hash is stored. The
+    namespace must exist (404 otherwise): a device enrolled into no namespace could never get work."""
+    from broker.tenants import namespace_exists
+
+    if body.namespace and not namespace_exists(session, body.namespace):
+        raise HTTPException(status_code=404, detail=f"namespace {body.namespace!r} not found. To fix: create it "
+                                                    "first (broker namespaces create NAME) or check the name")
     now = clock.now()
     try:
         token = devices.create_enroll_token(session, body.namespace, now=now, ttl_seconds=body.ttl_seconds,

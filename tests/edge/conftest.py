@@ -121,6 +121,11 @@ def store(tmp_path: Path) -> Iterator[Any]:
 
     s = Store(f"sqlite:///{tmp_path / 'broker.db'}")
     upgrade(s.engine)
+    from broker.clock import utcnow
+    from broker.tenants import create_namespace
+
+    with s.tx() as session:  # the namespace the edge tests enroll devices into (enroll tokens need it)
+        create_namespace(session, "team-a", now=utcnow())
     try:
         yield s
     finally:

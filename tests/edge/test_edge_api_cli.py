@@ -48,6 +48,13 @@ def test_enroll_renew_list_revoke_and_crl(tmp_path: Path, edge_api: Any, store: 
         assert on_disk.get_revoked_certificate_by_serial_number(renewed.serial_number) is not None
         assert len(c.get("/v1/edge/probe", params={"bytes": 1000}).content) == 1000
         tok = c.post("/v1/edge/enroll-tokens", json={"namespace": "team-b", "ttl_seconds": 60}, headers=ADMIN)
+        assert tok.status_code == 404 and "broker namespaces create" in tok.json()["detail"]  # no such namespace
+        from broker.clock import utcnow
+        from broker.tenants import create_namespace
+
+        with store.tx() as session:
+            create_namespace(session, "team-b", now=utcnow())
+        tok = c.post("/v1/edge/enroll-tokens", json={"namespace": "team-b", "ttl_seconds": 60}, headers=ADMIN)
         assert tok.status_code == 201 and tok.json()["token"].startswith("hbe_")
     with pytest.raises(EnrollError, match="400"):
         renew(cfg)  # a revoked device cannot renew
