@@ -46,7 +46,7 @@ from broker.clock import Clock
 from broker.devices import OFFLINE_AFTER_SECONDS
 from broker.errors import BrokerError, CapacityError, InvalidRequestError, SpecError, TransientError
 from broker.model import Instance, InstanceState, JobSpec, JobState, Offer, Request
-from broker.store import JobRow, Store, utc
+from broker.store import JobEventRow, JobRow, Store, utc
 
 __all__ = [
     "EDGE",
@@ -410,6 +410,9 @@ class EdgeRunner:
         self.clock = clock
         self.on_change = on_change
         self.charge = charge
+        # tasks of RUNNING jobs whose "started task" note is written (or known to be): a device's running
+        # report can arrive before the scheduler commits the job RUNNING, and the sweep then notes it
+        self._noted: set[str] = set()
 
     # TaskSink -------------------------------------------------------------------------------------
     def task_status(self, job_id: str, state: str, exit_code: int | None, detail: Mapping[str, Any]) -> None:
@@ -484,8 +487,12 @@ class EdgeRunner:
             device = self._device_of(s, task_id)
             where = f"edge device {device}"
             if state == "RUNNING":
-                note(s, job_id, JobState.RUNNING, f"{where} started task {task_id}", now=now,
-                     data={"device": device, "task_id": task_id})
+                reason = f"{where} started task {task_id}"
+                ev = JobEventRow.__table__  # type: ignore[attr-defined]
+                if task_id not in self._noted and s.execute(sa.select(ev.c.id).where(
+                        ev.c.job_id == job_id, ev.c.reason == reason).limit(1)).first() is None:
+                    note(s, job_id, JobState.RUNNING, reason, now=now, data={"device": device, "task_id": task_id})
+                self._noted.add(task_id)
                 return None
             data = self._outcome_data(s, device, task_id, exit_code)
             if state == "SUCCEEDED":
@@ -586,14 +593,26 @@ class EdgeRunner:
             ))
             current = {ids[-1]: r.request_id for r in running if (ids := _instance_ids(r.instances_json))}
             ended: list[tuple[str, str, int | None]] = []
+            started: list[str] = []  # running on the device, start not noted on the job yet
             t = EdgeTaskRow.__table__  # type: ignore[attr-defined]
             keys = list(current)
+            self._noted &= set(keys)  # bounded: tasks of RUNNING edge jobs only
             for start in range(0, len(keys), 500):
                 for task_id, state, code in s.execute(
                     sa.select(t.c.task_id, t.c.state, t.c.exit_code)
-                    .where(t.c.task_id.in_(keys[start:start + 500]), t.c.state.in_(list(_SINK_OF_TASK)))
+                    .where(t.c.task_id.in_(keys[start:start + 500]),
+                           t.c.state.in_([*_SINK_OF_TASK, "running"]))
                 ):
-                    ended.append((task_id, state, code))
+                    if state == "running":
+                        if task_id not in self._noted:
+                            started.append(task_id)
+                    else:
+                        ended.append((task_id, state, code))
+        for task_id in started:  # settle notes it once (it checks the job's events under the row lock)
+            try:
+                self.settle(current[task_id], task_id, "RUNNING", None, now=now)
+            except BrokerError as exc:
+                log.info("edge sweep: %s", exc)
         changed = 0
         for task_id, state, code in ended:
             try:

@@ -401,6 +401,24 @@ def test_a_running_report_is_a_note_not_a_state_change(svc: Service) -> None:
     assert svc.job(job_id).state == JobState.RUNNING.value
 
 
+def test_a_running_report_that_came_before_the_job_was_running_is_noted_once_by_the_sweep(svc: Service) -> None:
+    """A fast device reports its task running before the scheduler has committed the job RUNNING: the sink
+    ignores it then (the job is not RUNNING that task yet), and the next sweep notes the start, once."""
+    job_id, task = _running_on_edge(svc, Dev("dev-a"))
+    svc.device_reports(task.task_id, "running")  # stored by the gateway; its sink call came too early
+    assert not any("started task" in e.reason for e in svc.events(job_id))
+    svc.hb.scheduler.run_cycle()
+    svc.hb.scheduler.run_cycle()
+
+    def notes() -> list[Any]:
+        return [e for e in svc.events(job_id) if f"started task {task.task_id}" in e.reason]
+
+    assert len(notes()) == 1 and (notes()[0].from_state, notes()[0].to_state) == ("RUNNING", "RUNNING")
+    svc.edge.runner.task_status(task.job_id, "RUNNING", None, {"task_id": task.task_id})  # a redelivery
+    assert len(notes()) == 1
+    assert svc.job(job_id).state == JobState.RUNNING.value
+
+
 def test_a_lost_task_is_replaced_elsewhere_and_its_late_result_is_ignored(svc: Service) -> None:
     job_id, first = _running_on_edge(svc, Dev("dev-a"))
     add_device(svc.store, Dev("dev-b"), svc.now)
