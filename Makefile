@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(PY) -m broker.demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check broker providers edge pricing policies tests bench
