@@ -90,6 +90,7 @@ from broker.model import (
 from broker.spec_cache import SpecCache
 from broker.store import AttemptRow, JobRow, utc
 from policies.gang import SPREAD, GangPlacement, Slot, place_gang
+from policies.placement.deadline import equivalent_request
 from policies.loadbalance import Context as LBContext
 from policies.loadbalance import Pool as LBPool
 from policies.loadbalance import choose_pool
@@ -705,7 +706,8 @@ class Scheduler:
         ``deadline=False`` places without the deadline (to price what meeting it costs).
 
         A request without a deadline places the same at any time (the deadline is the only input of
-        placement that reads ``now``), so its result is also kept across cycles (:meth:`_kept`) while the
+        placement that reads ``now``; one met at every location places as none, see
+        :func:`policies.placement.deadline.equivalent_request`), so its result is also kept across cycles (:meth:`_kept`) while the
         catalog, the egress model, the interruption model and the extra offers stay the same. Savings
         baselines are left out here; :meth:`_baselines` adds them to the placements that are recorded."""
         enabled = self._enabled
@@ -714,6 +716,8 @@ class Scheduler:
         key = dataclasses.replace(request, name="", providers=tuple(sorted(allowed)))
         if not deadline:
             key = dataclasses.replace(key, deadline=None)
+        else:  # a deadline met everywhere places as no deadline: one (kept) placement for all such jobs
+            key = equivalent_request(key, now)
         cache_key = (key, job.namespace, edge_sig)
         result = self._placements.get(cache_key)
         t0 = time.perf_counter()
