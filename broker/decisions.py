@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any
@@ -30,6 +31,7 @@ from broker.model import PlacementOption, PlacementResult, Request
 
 __all__ = [
     "DecisionRecord",
+    "JsonMemo",
     "KINDS",
     "record_decision",
     "record_decisions",
@@ -117,12 +119,38 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, datetime):
         return as_utc(value).isoformat()  # type: ignore[union-attr]
     if isinstance(value, tuple | list):
-        return [_jsonable(v) for v in value]
+        return [v if type(v) in _PLAIN else _jsonable(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {name: _jsonable(getattr(value, name)) for name in _field_names(type(value))}
+        out = {}
+        for name in _field_names(type(value)):  # plain fields copied without a call per field
+            v = getattr(value, name)
+            out[name] = v if type(v) in _PLAIN else _jsonable(v)
+        return out
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): v if type(v) in _PLAIN else _jsonable(v) for k, v in value.items()}
     return value
+
+
+class JsonMemo:
+    """The JSON values of objects many decision records share, kept across calls of :func:`record_decisions`
+    (the scheduler keeps placements across cycles, so their options, alternatives and baselines recur in
+    every cycle's records). Keyed by identity; each entry holds its object, so an id is not reused while it
+    lives; the least recently used go past ``size`` entries. The values are shared: never mutate them."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._hits: OrderedDict[int, tuple[Any, Any]] = OrderedDict()
+
+    def get(self, obj: Any, convert: Callable[[Any], Any]) -> Any:
+        key = id(obj)
+        hit = self._hits.get(key)
+        if hit is None or hit[0] is not obj:
+            hit = self._hits[key] = (obj, convert(obj))
+            if len(self._hits) > self.size:
+                self._hits.popitem(last=False)
+        else:
+            self._hits.move_to_end(key)
+        return hit[1]
 
 
 def request_to_dict(request: Request) -> dict[str, Any]:
@@ -156,19 +184,14 @@ def _decision_row(
     catalog_version: str,
     now: datetime,
     kind: str,
-    memo: dict[int, tuple[Any, Any]] | None = None,
+    memo: JsonMemo | None = None,
 ) -> dict[str, Any]:
     """The column values of one decision record (shared by the single and the bulk writer). ``memo`` (the
-    bulk writer's) reuses the JSON values of options, alternatives and baselines shared by several jobs of
-    one batch (placements are cached per request for a cycle, so most jobs of a burst share them)."""
+    bulk writer's) reuses the JSON values of options, alternatives and baselines shared by several records
+    (placements are cached per request, so most jobs of a burst, and of later cycles, share them)."""
 
     def once(obj: Any, convert: Any) -> Any:
-        if memo is None:
-            return convert(obj)
-        hit = memo.get(id(obj))
-        if hit is None or hit[0] is not obj:
-            hit = memo[id(obj)] = (obj, convert(obj))
-        return hit[1]
+        return convert(obj) if memo is None else memo.get(obj, convert)
 
     if kind not in KINDS:
         raise ValueError(f"decision kind {kind!r} is not one of {', '.join(KINDS)}. To fix: pass kind='placement'")
@@ -246,11 +269,13 @@ def record_decision(
     return record.id
 
 
-def record_decisions(session: Session, decisions: Sequence[Mapping[str, Any]]) -> int:
+def record_decisions(session: Session, decisions: Sequence[Mapping[str, Any]], *,
+                     memo: JsonMemo | None = None) -> int:
     """Add many decision records in one statement (the scheduler's path: one executemany per cycle
     instead of one ORM flush per job). Each item takes the keyword arguments of :func:`record_decision`.
+    ``memo`` keeps the JSON values of shared objects across calls (default: for this call only).
     Like it, this never commits. Returns how many rows were added."""
-    memo: dict[int, tuple[Any, Any]] = {}
+    memo = JsonMemo() if memo is None else memo
     rows = [_decision_row(**dict(d), memo=memo) for d in decisions]
     if rows:
         session.execute(insert(DecisionRecord), rows)

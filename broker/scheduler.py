@@ -414,6 +414,7 @@ class Scheduler:
         self._enabled: set[str] = set(state.providers)
         self._inputs: dict[str, tuple[Any, datetime, list[Offer]]] = {}
         self._cycle_baselines: dict[Any, Any] = {}
+        self._decision_memo: Any = None  # broker.decisions.JsonMemo: JSON of the kept placements' parts
         self._alerts: list[tuple[str, str]] = []
         self._preempted = 0
         self._cycle_now: datetime = self.clock.now()
@@ -1374,7 +1375,9 @@ class Scheduler:
                     note(session, job_id, JobState.PENDING, text, now=now, data={"alert": True})
             apply_transitions(session, transitions, now=now)
             if records and decisions is not None:
-                decisions.record_decisions(session, records)
+                if self._decision_memo is None:
+                    self._decision_memo = decisions.JsonMemo()
+                decisions.record_decisions(session, records, memo=self._decision_memo)
             for job_id, reason in holds.items():
                 held = by_id.get(job_id)
                 if job_id in live and held is not None and held.held_reason != reason:
