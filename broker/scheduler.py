@@ -1421,9 +1421,10 @@ class Scheduler:
         if not runs:
             return
         from broker import queues
-        from broker.policy_store import DRY_RUN_KIND, record_spend
+        from broker.policy_store import DRY_RUN_KIND, record_spends
 
         usage: dict[str, UsageVector] = {}
+        spends: list[tuple[str, float, datetime, str, str]] = []
         for row, hours, estimate in runs:
             try:
                 nodes = max(1, self._spec(row.id, row.spec_json, utc(row.created_at)).request.nodes)
@@ -1431,10 +1432,11 @@ class Scheduler:
                 nodes = 1
             actual = _run_cost(row.placement_json, hours, nodes)
             if abs(actual - estimate) > 1e-12:  # a dry-run job's correction is simulated spend (no budget)
-                record_spend(session, row.namespace, actual - estimate, now, job_id=row.id,
-                             kind=DRY_RUN_KIND if getattr(row, "dry_run", False) else "actual")
+                spends.append((row.namespace, actual - estimate, now, row.id,
+                               DRY_RUN_KIND if getattr(row, "dry_run", False) else "actual"))
             add = queues.job_usage(float(row.vcpus), float(row.memory_gib), float(row.gpus), hours, actual)
             usage[row.namespace] = usage.get(row.namespace, UsageVector()) + add
+        record_spends(session, spends)
         config = queues.load_queue_config(session)
         queues.record_usage(session, usage, now, config.half_life_seconds)
 
