@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, insert, update
+from sqlalchemy import JSON, Column, DateTime, String, bindparam, insert, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Field, Session, SQLModel, col, select
 
@@ -140,6 +140,14 @@ class JsonMemo:
     def __init__(self, size: int = 4096) -> None:
         self.size = size
         self._hits: OrderedDict[int, tuple[Any, Any]] = OrderedDict()
+        self._texts: JsonMemo | None = None
+
+    @property
+    def texts(self) -> JsonMemo:
+        """A memo of the stored (encoded) form of this memo's values, keyed by those values."""
+        if self._texts is None:
+            self._texts = JsonMemo(self.size)
+        return self._texts
 
     def get(self, obj: Any, convert: Callable[[Any], Any]) -> Any:
         key = id(obj)
@@ -277,9 +285,36 @@ def record_decisions(session: Session, decisions: Sequence[Mapping[str, Any]], *
     Like it, this never commits. Returns how many rows were added."""
     memo = JsonMemo() if memo is None else memo
     rows = [_decision_row(**dict(d), memo=memo) for d in decisions]
-    if rows:
+    if not rows:
+        return 0
+    dialect = session.connection().dialect
+    if dialect.name != "sqlite":
         session.execute(insert(DecisionRecord), rows)
+        return len(rows)
+    # SQLite stores JSON as text: encode each JSON value with the column type's own processor (the same text
+    # the insert above would store), and the values shared by many records (options, alternatives,
+    # baselines) only once: the memo keeps their text beside them.
+    table = DecisionRecord.__table__  # type: ignore[attr-defined]
+    encode = {c: table.c[c].type.dialect_impl(dialect).bind_processor(dialect) or (lambda v: v)
+              for c in _JSON_COLUMNS}
+    texts = memo.texts
+    for row in rows:
+        for c in _JSON_COLUMNS:
+            value = row.pop(c)
+            row[f"json_{c}"] = texts.get(value, encode[c]) if c in _SHARED_JSON else encode[c](value)
+    session.execute(_encoded_insert(), rows)
     return len(rows)
+
+
+_JSON_COLUMNS = ("request", "chosen", "alternatives", "rejected", "constraints", "baselines")
+_SHARED_JSON = frozenset({"chosen", "alternatives", "baselines"})  # values of the memo, shared by records
+
+
+@functools.lru_cache(maxsize=1)
+def _encoded_insert() -> Any:
+    """The insert of :func:`record_decisions` taking the JSON columns as already-encoded text."""
+    table = DecisionRecord.__table__  # type: ignore[attr-defined]
+    return table.insert().values({c: bindparam(f"json_{c}", type_=String()) for c in _JSON_COLUMNS})
 
 
 def _outcome(chosen: Mapping[str, Any], nodes: int, deadline: datetime | None, runtime_hours: float,
