@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, String, bindparam, insert, update
+from sqlalchemy import JSON, Column, DateTime, String, bindparam, insert
 from sqlalchemy import select as sa_select
 from sqlmodel import Field, Session, SQLModel, col, select
 
@@ -382,11 +382,17 @@ def record_outcomes(session: Session, outcomes: Sequence[tuple[str, float]], fin
         )
         for row in session.execute(stmt):
             latest[row.job_id] = row  # ascending: the last one per job is its latest record
-    values = [{"id": row.id, **_outcome(row.chosen, row.nodes, row.deadline, hours_of[job_id], finished_at)}
+    values = [{"b_id": row.id, **_outcome(row.chosen, row.nodes, row.deadline, hours_of[job_id], finished_at)}
               for job_id, row in latest.items() if row.chosen is not None]  # None: a JSON null
-    if values:
-        session.execute(update(DecisionRecord), values)
+    if values:  # one Core executemany by primary key (the ORM's bulk update runs its own bookkeeping per row)
+        session.execute(_outcome_update(), values)
     return len(values)
+
+
+@functools.lru_cache(maxsize=1)
+def _outcome_update() -> Any:
+    t = DecisionRecord.__table__  # type: ignore[attr-defined]
+    return t.update().where(t.c.id == bindparam("b_id"))
 
 
 def query_decisions(
