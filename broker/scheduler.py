@@ -414,6 +414,7 @@ class Scheduler:
         self._enabled: set[str] = set(state.providers)
         self._inputs: dict[str, tuple[Any, datetime, list[Offer]]] = {}
         self._cycle_baselines: dict[Any, Any] = {}
+        self._keys: dict[Any, tuple[Any, Any]] = {}  # per cycle: (job, deadline, now, edge) -> its cache key
         self._decision_memo: Any = None  # broker.decisions.JsonMemo: JSON of the kept placements' parts
         self._alerts: list[tuple[str, str]] = []
         self._preempted = 0
@@ -542,7 +543,7 @@ class Scheduler:
             now = self.clock.now()
             self._placements, self._alerts, self._preempted = {}, [], 0
             self._gang_plans, self._notes, self._lb_running, self._lb_runtimes = {}, {}, None, {}
-            self._inputs, self._cycle_baselines = {}, {}
+            self._inputs, self._cycle_baselines, self._keys = {}, {}, {}
             self._check_placement_inputs()
 
             t0 = time.perf_counter()  # 0: cancels requested through replicas that could not stop the run
@@ -711,15 +712,21 @@ class Scheduler:
         :func:`policies.placement.deadline.equivalent_request`), so its result is also kept across cycles (:meth:`_kept`) while the
         catalog, the egress model, the interruption model and the extra offers stay the same. Savings
         baselines are left out here; :meth:`_baselines` adds them to the placements that are recorded."""
-        enabled = self._enabled
         request = job.request
-        allowed = tuple(p for p in (request.providers or tuple(enabled)) if p in enabled)
-        key = dataclasses.replace(request, name="", providers=tuple(sorted(allowed)))
-        if not deadline:
-            key = dataclasses.replace(key, deadline=None)
-        else:  # a deadline met everywhere places as no deadline: one (kept) placement for all such jobs
-            key = equivalent_request(key, now)
-        cache_key = (key, job.namespace, edge_sig)
+        seen = self._keys.get((job.id, deadline, now, edge_sig))  # a job is placed up to 3 times a cycle
+        if seen is not None and seen[0] is request:
+            cache_key = seen[1]
+        else:
+            enabled = self._enabled
+            allowed = tuple(p for p in (request.providers or tuple(enabled)) if p in enabled)
+            key = dataclasses.replace(request, name="", providers=tuple(sorted(allowed)))
+            if not deadline:
+                key = dataclasses.replace(key, deadline=None)
+            else:  # a deadline met everywhere places as no deadline: one (kept) placement for all such jobs
+                key = equivalent_request(key, now)
+            cache_key = (key, job.namespace, edge_sig)
+            self._keys[(job.id, deadline, now, edge_sig)] = (request, cache_key)
+        key = cache_key[0]
         result = self._placements.get(cache_key)
         t0 = time.perf_counter()
         if result is None:
