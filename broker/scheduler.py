@@ -1625,9 +1625,10 @@ class Scheduler:
         pool = self.state.providers.get("onprem")
         seen = set(changed)
         for r in light:  # running on-prem runs whose log tails are due: other replicas serve them from the store
-            ids = _instance_ids(r.instances_json)
-            if r.provider == "onprem" and r.id not in seen and ids and self.log_capture.due(pool, r.id, ids[0]):
-                changed.append(r.id)
+            if r.provider == "onprem" and r.id not in seen:
+                ids = _instance_ids(r.instances_json)
+                if ids and self.log_capture.due(pool, r.id, ids[0]):
+                    changed.append(r.id)
         if not changed:
             return edge_done
         running: list[Any] = []
@@ -1734,11 +1735,15 @@ class Scheduler:
         known and none ended (succeeded, failed, terminated) gets no transition there."""
         ended = (InstanceState.SUCCEEDED, InstanceState.FAILED, InstanceState.TERMINATED)
         changed = []
-        for r in light:
+        for r in light:  # plain loops: this runs over every running job each cycle
             known = by_provider.get(r.provider or "")
-            if known is not None and any((i := known.get(iid)) is None or i.state in ended
-                                         for iid in _instance_ids(r.instances_json)):
-                changed.append(r.id)
+            if known is None:
+                continue
+            for iid in _instance_ids(r.instances_json):
+                i = known.get(iid)
+                if i is None or i.state in ended:
+                    changed.append(r.id)
+                    break
         return changed
 
     # 7 ---------------------------------------------------------------------------------------------
