@@ -325,13 +325,25 @@ def _nodes_that_fit(free: dict[str, float] | None, request: Request) -> int:
 
 
 def _option_json(option: PlacementOption, extra: dict[str, str] | None = None) -> str:
+    if not extra:  # kept placements' options recur in every cycle: their JSON is kept beside them
+        hit = _OPTION_JSON.get(id(option))
+        if hit is not None and hit[0] is option:
+            return hit[1]
     d = option.to_dict()
     d["site"] = option.site
     d["finish_hours"] = option.finish_hours
     d["arch"] = option.arch
     if extra:  # a warm pool's binding (pool, pool_instance)
         d.update(extra)
-    return json.dumps(d)
+        return json.dumps(d)
+    text = json.dumps(d)
+    if len(_OPTION_JSON) >= 4096:
+        _OPTION_JSON.clear()
+    _OPTION_JSON[id(option)] = (option, text)  # the option is held: its id is not reused while the entry lives
+    return text
+
+
+_OPTION_JSON: dict[int, tuple[PlacementOption, str]] = {}
 
 
 class _Stopping(Exception):
@@ -1608,11 +1620,18 @@ class Scheduler:
             ))
         if self.edge is not None:
             light = [r for r in light if r.provider != "edge"]
-        self.log_capture.retain(r.id for r in light if r.provider == "onprem")  # bounded: running jobs only
+        names: set[str] = set()
+        onprem: list[str] = []
+        for r in light:
+            if r.provider:
+                names.add(r.provider)
+                if r.provider == "onprem":
+                    onprem.append(r.id)
+        self.log_capture.retain(onprem)  # bounded: running jobs only
         if not light:
             return edge_done
         by_provider: dict[str, dict[str, Instance]] = {}
-        for name in {r.provider for r in light if r.provider}:
+        for name in names:
             try:
                 provider = self.state.get_provider(name)
                 by_provider[name] = {i.id: i for i in provider.instances(None)}
