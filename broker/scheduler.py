@@ -90,10 +90,10 @@ from broker.model import (
 from broker.spec_cache import SpecCache
 from broker.store import AttemptRow, JobRow, utc
 from policies.gang import SPREAD, GangPlacement, Slot, place_gang
-from policies.placement.deadline import equivalent_request
 from policies.loadbalance import Context as LBContext
 from policies.loadbalance import Pool as LBPool
 from policies.loadbalance import choose_pool
+from policies.placement.deadline import equivalent_request
 from policies.queueing import UsageVector
 from policies.workload import Resources, Workload
 from providers.base import TAG_ON, TAG_POOL
@@ -721,8 +721,9 @@ class Scheduler:
 
         A request without a deadline places the same at any time (the deadline is the only input of
         placement that reads ``now``; one met at every location places as none, see
-        :func:`policies.placement.deadline.equivalent_request`), so its result is also kept across cycles (:meth:`_kept`) while the
-        catalog, the egress model, the interruption model and the extra offers stay the same. Savings
+        :func:`policies.placement.deadline.equivalent_request`), so its result is also kept across cycles
+        (:meth:`_kept`) while the catalog, the egress model, the interruption model and the extra offers
+        stay the same. Savings
         baselines are left out here; :meth:`_baselines` adds them to the placements that are recorded."""
         request = job.request
         seen = self._keys.get((job.id, deadline, now, edge_sig))  # a job is placed up to 3 times a cycle
