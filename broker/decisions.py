@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, insert, update
+from sqlalchemy import JSON, Column, DateTime, String, bindparam, insert
 from sqlalchemy import select as sa_select
 from sqlmodel import Field, Session, SQLModel, col, select
 
@@ -30,6 +31,7 @@ from broker.model import PlacementOption, PlacementResult, Request
 
 __all__ = [
     "DecisionRecord",
+    "JsonMemo",
     "KINDS",
     "record_decision",
     "record_decisions",
@@ -117,12 +119,46 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, datetime):
         return as_utc(value).isoformat()  # type: ignore[union-attr]
     if isinstance(value, tuple | list):
-        return [_jsonable(v) for v in value]
+        return [v if type(v) in _PLAIN else _jsonable(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {name: _jsonable(getattr(value, name)) for name in _field_names(type(value))}
+        out = {}
+        for name in _field_names(type(value)):  # plain fields copied without a call per field
+            v = getattr(value, name)
+            out[name] = v if type(v) in _PLAIN else _jsonable(v)
+        return out
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): v if type(v) in _PLAIN else _jsonable(v) for k, v in value.items()}
     return value
+
+
+class JsonMemo:
+    """The JSON values of objects many decision records share, kept across calls of :func:`record_decisions`
+    (the scheduler keeps placements across cycles, so their options, alternatives and baselines recur in
+    every cycle's records). Keyed by identity; each entry holds its object, so an id is not reused while it
+    lives; the least recently used go past ``size`` entries. The values are shared: never mutate them."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._hits: OrderedDict[int, tuple[Any, Any]] = OrderedDict()
+        self._texts: JsonMemo | None = None
+
+    @property
+    def texts(self) -> JsonMemo:
+        """A memo of the stored (encoded) form of this memo's values, keyed by those values."""
+        if self._texts is None:
+            self._texts = JsonMemo(self.size)
+        return self._texts
+
+    def get(self, obj: Any, convert: Callable[[Any], Any]) -> Any:
+        key = id(obj)
+        hit = self._hits.get(key)
+        if hit is None or hit[0] is not obj:
+            hit = self._hits[key] = (obj, convert(obj))
+            if len(self._hits) > self.size:
+                self._hits.popitem(last=False)
+        else:
+            self._hits.move_to_end(key)
+        return hit[1]
 
 
 def request_to_dict(request: Request) -> dict[str, Any]:
@@ -156,19 +192,14 @@ def _decision_row(
     catalog_version: str,
     now: datetime,
     kind: str,
-    memo: dict[int, tuple[Any, Any]] | None = None,
+    memo: JsonMemo | None = None,
 ) -> dict[str, Any]:
     """The column values of one decision record (shared by the single and the bulk writer). ``memo`` (the
-    bulk writer's) reuses the JSON values of options, alternatives and baselines shared by several jobs of
-    one batch (placements are cached per request for a cycle, so most jobs of a burst share them)."""
+    bulk writer's) reuses the JSON values of options, alternatives and baselines shared by several records
+    (placements are cached per request, so most jobs of a burst, and of later cycles, share them)."""
 
     def once(obj: Any, convert: Any) -> Any:
-        if memo is None:
-            return convert(obj)
-        hit = memo.get(id(obj))
-        if hit is None or hit[0] is not obj:
-            hit = memo[id(obj)] = (obj, convert(obj))
-        return hit[1]
+        return convert(obj) if memo is None else memo.get(obj, convert)
 
     if kind not in KINDS:
         raise ValueError(f"decision kind {kind!r} is not one of {', '.join(KINDS)}. To fix: pass kind='placement'")
@@ -246,15 +277,44 @@ def record_decision(
     return record.id
 
 
-def record_decisions(session: Session, decisions: Sequence[Mapping[str, Any]]) -> int:
+def record_decisions(session: Session, decisions: Sequence[Mapping[str, Any]], *,
+                     memo: JsonMemo | None = None) -> int:
     """Add many decision records in one statement (the scheduler's path: one executemany per cycle
     instead of one ORM flush per job). Each item takes the keyword arguments of :func:`record_decision`.
+    ``memo`` keeps the JSON values of shared objects across calls (default: for this call only).
     Like it, this never commits. Returns how many rows were added."""
-    memo: dict[int, tuple[Any, Any]] = {}
+    memo = JsonMemo() if memo is None else memo
     rows = [_decision_row(**dict(d), memo=memo) for d in decisions]
-    if rows:
+    if not rows:
+        return 0
+    dialect = session.connection().dialect
+    if dialect.name != "sqlite":
         session.execute(insert(DecisionRecord), rows)
+        return len(rows)
+    # SQLite stores JSON as text: encode each JSON value with the column type's own processor (the same text
+    # the insert above would store), and the values shared by many records (options, alternatives,
+    # baselines) only once: the memo keeps their text beside them.
+    table = DecisionRecord.__table__  # type: ignore[attr-defined]
+    encode = {c: table.c[c].type.dialect_impl(dialect).bind_processor(dialect) or (lambda v: v)
+              for c in _JSON_COLUMNS}
+    texts = memo.texts
+    for row in rows:
+        for c in _JSON_COLUMNS:
+            value = row.pop(c)
+            row[f"json_{c}"] = texts.get(value, encode[c]) if c in _SHARED_JSON else encode[c](value)
+    session.execute(_encoded_insert(), rows)
     return len(rows)
+
+
+_JSON_COLUMNS = ("request", "chosen", "alternatives", "rejected", "constraints", "baselines")
+_SHARED_JSON = frozenset({"chosen", "alternatives", "baselines"})  # values of the memo, shared by records
+
+
+@functools.lru_cache(maxsize=1)
+def _encoded_insert() -> Any:
+    """The insert of :func:`record_decisions` taking the JSON columns as already-encoded text."""
+    table = DecisionRecord.__table__  # type: ignore[attr-defined]
+    return table.insert().values({c: bindparam(f"json_{c}", type_=String()) for c in _JSON_COLUMNS})
 
 
 def _outcome(chosen: Mapping[str, Any], nodes: int, deadline: datetime | None, runtime_hours: float,
@@ -322,11 +382,17 @@ def record_outcomes(session: Session, outcomes: Sequence[tuple[str, float]], fin
         )
         for row in session.execute(stmt):
             latest[row.job_id] = row  # ascending: the last one per job is its latest record
-    values = [{"id": row.id, **_outcome(row.chosen, row.nodes, row.deadline, hours_of[job_id], finished_at)}
+    values = [{"b_id": row.id, **_outcome(row.chosen, row.nodes, row.deadline, hours_of[job_id], finished_at)}
               for job_id, row in latest.items() if row.chosen is not None]  # None: a JSON null
-    if values:
-        session.execute(update(DecisionRecord), values)
+    if values:  # one Core executemany by primary key (the ORM's bulk update runs its own bookkeeping per row)
+        session.execute(_outcome_update(), values)
     return len(values)
+
+
+@functools.lru_cache(maxsize=1)
+def _outcome_update() -> Any:
+    t = DecisionRecord.__table__  # type: ignore[attr-defined]
+    return t.update().where(t.c.id == bindparam("b_id"))
 
 
 def query_decisions(

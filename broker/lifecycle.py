@@ -90,6 +90,25 @@ def _event(t: Transition, now: datetime) -> dict[str, Any]:
     }
 
 
+def _chained(transitions: Sequence[Transition]) -> Sequence[Transition]:
+    """The row updates of ``transitions``: a job's consecutive transitions in one batch (e.g. PENDING -> PLACED
+    -> PROVISIONING) become one guarded update from its first source state to its last target state with
+    their fields merged (later ones win), which leaves the row as updating it once per transition would.
+    Unchanged when some job's transitions do not form one chain."""
+    merged: dict[str, Transition] = {}
+    chained = False
+    for t in transitions:
+        seen = merged.get(t.job_id)
+        if seen is None:
+            merged[t.job_id] = t
+        elif seen.to_state is t.from_state:
+            merged[t.job_id] = Transition(t.job_id, seen.from_state, t.to_state, fields={**seen.fields, **t.fields})
+            chained = True
+        else:
+            return transitions
+    return list(merged.values()) if chained else transitions
+
+
 def apply_transitions(session: Session, transitions: Sequence[Transition], *, now: datetime) -> None:
     """Apply ``transitions`` in the caller's transaction: one guarded UPDATE per distinct field set
     (executemany) and one bulk INSERT of events. Raises :class:`ConflictError` when a transition is not
@@ -100,7 +119,7 @@ def apply_transitions(session: Session, transitions: Sequence[Transition], *, no
     for t in transitions:
         _check(t)
     groups: dict[tuple[str, ...], list[Transition]] = {}
-    for t in transitions:
+    for t in _chained(transitions):
         groups.setdefault(tuple(sorted(t.fields)), []).append(t)
     conn = session.connection()
     sane_rowcount = conn.dialect.supports_sane_multi_rowcount

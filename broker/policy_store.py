@@ -58,6 +58,7 @@ __all__ = [
     "list_budgets",
     "list_reservations",
     "record_spend",
+    "record_spends",
     "DRY_RUN_KIND",
     "spend_entries",
     "budget_burn",
@@ -334,6 +335,16 @@ def record_spend(
     """Add a ledger row (no commit). Use ``kind="actual"`` with the difference between a finished run's
     real cost and its estimate (``kind=DRY_RUN_KIND`` for a dry-run job's: simulated, never budgeted)."""
     session.add(SpendRecord(namespace=namespace, job_id=job_id, usd=float(usd), kind=kind, at=at))
+
+
+def record_spends(session: Session, entries: Sequence[tuple[str, float, datetime, str, str]]) -> int:
+    """:func:`record_spend` for many rows ``(namespace, usd, at, job_id, kind)`` in one executemany (the
+    scheduler's path for the runs a cycle ended; no ORM object per row). No commit; returns the count."""
+    rows = [{"namespace": ns, "job_id": job_id, "usd": float(usd), "kind": kind, "at": at}
+            for ns, usd, at, job_id, kind in entries]
+    if rows:
+        session.execute(sa.insert(SpendRecord.__table__), rows)  # type: ignore[attr-defined]
+    return len(rows)
 
 
 def _month_start(now: datetime) -> datetime:

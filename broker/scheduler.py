@@ -93,6 +93,7 @@ from policies.gang import SPREAD, GangPlacement, Slot, place_gang
 from policies.loadbalance import Context as LBContext
 from policies.loadbalance import Pool as LBPool
 from policies.loadbalance import choose_pool
+from policies.placement.deadline import equivalent_request
 from policies.queueing import UsageVector
 from policies.workload import Resources, Workload
 from providers.base import TAG_ON, TAG_POOL
@@ -324,13 +325,25 @@ def _nodes_that_fit(free: dict[str, float] | None, request: Request) -> int:
 
 
 def _option_json(option: PlacementOption, extra: dict[str, str] | None = None) -> str:
+    if not extra:  # kept placements' options recur in every cycle: their JSON is kept beside them
+        hit = _OPTION_JSON.get(id(option))
+        if hit is not None and hit[0] is option:
+            return hit[1]
     d = option.to_dict()
     d["site"] = option.site
     d["finish_hours"] = option.finish_hours
     d["arch"] = option.arch
     if extra:  # a warm pool's binding (pool, pool_instance)
         d.update(extra)
-    return json.dumps(d)
+        return json.dumps(d)
+    text = json.dumps(d)
+    if len(_OPTION_JSON) >= 4096:
+        _OPTION_JSON.clear()
+    _OPTION_JSON[id(option)] = (option, text)  # the option is held: its id is not reused while the entry lives
+    return text
+
+
+_OPTION_JSON: dict[int, tuple[PlacementOption, str]] = {}
 
 
 class _Stopping(Exception):
@@ -413,6 +426,8 @@ class Scheduler:
         self._enabled: set[str] = set(state.providers)
         self._inputs: dict[str, tuple[Any, datetime, list[Offer]]] = {}
         self._cycle_baselines: dict[Any, Any] = {}
+        self._keys: dict[Any, tuple[Any, Any]] = {}  # per cycle: (job, deadline, now, edge) -> its cache key
+        self._decision_memo: Any = None  # broker.decisions.JsonMemo: JSON of the kept placements' parts
         self._alerts: list[tuple[str, str]] = []
         self._preempted = 0
         self._cycle_now: datetime = self.clock.now()
@@ -540,7 +555,7 @@ class Scheduler:
             now = self.clock.now()
             self._placements, self._alerts, self._preempted = {}, [], 0
             self._gang_plans, self._notes, self._lb_running, self._lb_runtimes = {}, {}, None, {}
-            self._inputs, self._cycle_baselines = {}, {}
+            self._inputs, self._cycle_baselines, self._keys = {}, {}, {}
             self._check_placement_inputs()
 
             t0 = time.perf_counter()  # 0: cancels requested through replicas that could not stop the run
@@ -705,16 +720,26 @@ class Scheduler:
         ``deadline=False`` places without the deadline (to price what meeting it costs).
 
         A request without a deadline places the same at any time (the deadline is the only input of
-        placement that reads ``now``), so its result is also kept across cycles (:meth:`_kept`) while the
-        catalog, the egress model, the interruption model and the extra offers stay the same. Savings
+        placement that reads ``now``; one met at every location places as none, see
+        :func:`policies.placement.deadline.equivalent_request`), so its result is also kept across cycles
+        (:meth:`_kept`) while the catalog, the egress model, the interruption model and the extra offers
+        stay the same. Savings
         baselines are left out here; :meth:`_baselines` adds them to the placements that are recorded."""
-        enabled = self._enabled
         request = job.request
-        allowed = tuple(p for p in (request.providers or tuple(enabled)) if p in enabled)
-        key = dataclasses.replace(request, name="", providers=tuple(sorted(allowed)))
-        if not deadline:
-            key = dataclasses.replace(key, deadline=None)
-        cache_key = (key, job.namespace, edge_sig)
+        seen = self._keys.get((job.id, deadline, now, edge_sig))  # a job is placed up to 3 times a cycle
+        if seen is not None and seen[0] is request:
+            cache_key = seen[1]
+        else:
+            enabled = self._enabled
+            allowed = tuple(p for p in (request.providers or tuple(enabled)) if p in enabled)
+            key = dataclasses.replace(request, name="", providers=tuple(sorted(allowed)))
+            if not deadline:
+                key = dataclasses.replace(key, deadline=None)
+            else:  # a deadline met everywhere places as no deadline: one (kept) placement for all such jobs
+                key = equivalent_request(key, now)
+            cache_key = (key, job.namespace, edge_sig)
+            self._keys[(job.id, deadline, now, edge_sig)] = (request, cache_key)
+        key = cache_key[0]
         result = self._placements.get(cache_key)
         t0 = time.perf_counter()
         if result is None:
@@ -1370,7 +1395,9 @@ class Scheduler:
                     note(session, job_id, JobState.PENDING, text, now=now, data={"alert": True})
             apply_transitions(session, transitions, now=now)
             if records and decisions is not None:
-                decisions.record_decisions(session, records)
+                if self._decision_memo is None:
+                    self._decision_memo = decisions.JsonMemo()
+                decisions.record_decisions(session, records, memo=self._decision_memo)
             for job_id, reason in holds.items():
                 held = by_id.get(job_id)
                 if job_id in live and held is not None and held.held_reason != reason:
@@ -1414,9 +1441,10 @@ class Scheduler:
         if not runs:
             return
         from broker import queues
-        from broker.policy_store import DRY_RUN_KIND, record_spend
+        from broker.policy_store import DRY_RUN_KIND, record_spends
 
         usage: dict[str, UsageVector] = {}
+        spends: list[tuple[str, float, datetime, str, str]] = []
         for row, hours, estimate in runs:
             try:
                 nodes = max(1, self._spec(row.id, row.spec_json, utc(row.created_at)).request.nodes)
@@ -1424,10 +1452,11 @@ class Scheduler:
                 nodes = 1
             actual = _run_cost(row.placement_json, hours, nodes)
             if abs(actual - estimate) > 1e-12:  # a dry-run job's correction is simulated spend (no budget)
-                record_spend(session, row.namespace, actual - estimate, now, job_id=row.id,
-                             kind=DRY_RUN_KIND if getattr(row, "dry_run", False) else "actual")
+                spends.append((row.namespace, actual - estimate, now, row.id,
+                               DRY_RUN_KIND if getattr(row, "dry_run", False) else "actual"))
             add = queues.job_usage(float(row.vcpus), float(row.memory_gib), float(row.gpus), hours, actual)
             usage[row.namespace] = usage.get(row.namespace, UsageVector()) + add
+        record_spends(session, spends)
         config = queues.load_queue_config(session)
         queues.record_usage(session, usage, now, config.half_life_seconds)
 
@@ -1592,11 +1621,18 @@ class Scheduler:
             ))
         if self.edge is not None:
             light = [r for r in light if r.provider != "edge"]
-        self.log_capture.retain(r.id for r in light if r.provider == "onprem")  # bounded: running jobs only
+        names: set[str] = set()
+        onprem: list[str] = []
+        for r in light:
+            if r.provider:
+                names.add(r.provider)
+                if r.provider == "onprem":
+                    onprem.append(r.id)
+        self.log_capture.retain(onprem)  # bounded: running jobs only
         if not light:
             return edge_done
         by_provider: dict[str, dict[str, Instance]] = {}
-        for name in {r.provider for r in light if r.provider}:
+        for name in names:
             try:
                 provider = self.state.get_provider(name)
                 by_provider[name] = {i.id: i for i in provider.instances(None)}
@@ -1609,9 +1645,10 @@ class Scheduler:
         pool = self.state.providers.get("onprem")
         seen = set(changed)
         for r in light:  # running on-prem runs whose log tails are due: other replicas serve them from the store
-            ids = _instance_ids(r.instances_json)
-            if r.provider == "onprem" and r.id not in seen and ids and self.log_capture.due(pool, r.id, ids[0]):
-                changed.append(r.id)
+            if r.provider == "onprem" and r.id not in seen:
+                ids = _instance_ids(r.instances_json)
+                if ids and self.log_capture.due(pool, r.id, ids[0]):
+                    changed.append(r.id)
         if not changed:
             return edge_done
         running: list[Any] = []
@@ -1718,11 +1755,15 @@ class Scheduler:
         known and none ended (succeeded, failed, terminated) gets no transition there."""
         ended = (InstanceState.SUCCEEDED, InstanceState.FAILED, InstanceState.TERMINATED)
         changed = []
-        for r in light:
+        for r in light:  # plain loops: this runs over every running job each cycle
             known = by_provider.get(r.provider or "")
-            if known is not None and any((i := known.get(iid)) is None or i.state in ended
-                                         for iid in _instance_ids(r.instances_json)):
-                changed.append(r.id)
+            if known is None:
+                continue
+            for iid in _instance_ids(r.instances_json):
+                i = known.get(iid)
+                if i is None or i.state in ended:
+                    changed.append(r.id)
+                    break
         return changed
 
     # 7 ---------------------------------------------------------------------------------------------

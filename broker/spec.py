@@ -470,6 +470,11 @@ def _location(value: object, field: str, location_exists: Callable[[str], bool] 
 
 
 def _json_safe(value: Any) -> Any:
+    t = type(value)
+    if t is str or t is int or t is bool or value is None:  # most values: as they are (the checks below agree)
+        return value
+    if t is dict:
+        return {k if type(k) is str else str(k): _json_safe(v) for k, v in value.items()}
     if isinstance(value, Mapping):
         return {str(k): _json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -35,6 +35,7 @@ __all__ = ["TraceJob", "ReplayResult", "record_trace", "write_trace", "read_trac
 
 _jobs = JobRow.__table__  # type: ignore[attr-defined]
 _TERMINAL = (JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CANCELLED.value)
+_OPEN = tuple(s.value for s in JobState if s.value not in _TERMINAL)  # counted by the state index, not a scan
 
 
 @dataclass(frozen=True)
@@ -235,7 +236,7 @@ def replay(trace: Sequence[TraceJob], *, inventory: str | Path | None = None,
             hb.scheduler.run_cycle()
             result.cycles += 1
             with hb.store.read() as session:
-                open_jobs = session.execute(sa.select(sa.func.count()).where(_jobs.c.state.not_in(_TERMINAL))).scalar()
+                open_jobs = session.execute(sa.select(sa.func.count()).where(_jobs.c.state.in_(_OPEN))).scalar()
             if i >= len(trace) and not open_jobs:
                 break
             if now >= end:

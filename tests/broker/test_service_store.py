@@ -130,6 +130,36 @@ def test_bulk_transitions_refuse_a_job_that_changed_state_meanwhile(store: Store
     assert (_state(store, a), _state(store, b)) == ("PENDING", "CANCELLED")
 
 
+def test_a_chain_of_transitions_in_one_batch_updates_the_row_as_one_by_one(store: Store) -> None:
+    """PENDING -> PLACED -> PROVISIONING of several jobs in one call (one update per job): the rows and events
+    are those of applying each transition in its own call; a chain from a state the job is not in is refused."""
+    a, b, c, d = _submit(store, 4)
+    placed = {"placement_json": '{"provider": "aws"}', "provider": "aws", "region": "us-east-1"}
+
+    def chain(job_id: str) -> list[Transition]:
+        return [Transition(job_id, JobState.PENDING, JobState.PLACED, reason="placed", data={"x": 1}, fields=placed),
+                Transition(job_id, JobState.PLACED, JobState.PROVISIONING, reason="provisioning",
+                           fields={"request_id": f"{job_id}-r0", "region": "eu-west-1"})]
+
+    with store.tx() as session:
+        apply_transitions(session, chain(a) + chain(b), now=NOW)
+    for t in chain(c):
+        with store.tx() as session:
+            apply_transitions(session, [t], now=NOW)
+    columns = ("state", "placement_json", "provider", "region", "request_id")
+    with store.read() as session:
+        got = {j: tuple(getattr(session.get(JobRow, j), k) for k in columns) for j in (a, b, c)}
+    for j in (a, b, c):  # the later transition's region wins, as when applied one by one
+        assert got[j] == ("PROVISIONING", '{"provider": "aws"}', "aws", "eu-west-1", f"{j}-r0")
+    for j in (a, b, c):
+        assert _events(store, j) == [(None, "PENDING"), ("PENDING", "PLACED"), ("PLACED", "PROVISIONING")]
+    with store.tx() as session:
+        transition(session, d, JobState.CANCELLED, now=NOW)
+    with pytest.raises(ConflictError), store.tx() as session:
+        apply_transitions(session, chain(d), now=NOW)
+    assert _state(store, d) == "CANCELLED"
+
+
 def test_unknown_job_is_not_found(store: Store) -> None:
     with pytest.raises(NotFoundError), store.tx() as session:
         transition(session, new_job_id(), JobState.PLACED, now=NOW)

@@ -129,3 +129,23 @@ def test_filters_are_never_violated_and_the_best_matches_brute_force(
     else:
         best_f = min(round(f * 3600) for _, _, f in feasible)
         assert round(res.placement.finish_hours * 3600) == best_f
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(offers=offers_st, req=requests_st, wait=st.sampled_from([0.0, 0.5]))
+def test_a_request_places_like_its_equivalent_request(offers: list[Offer], req: Request, wait: float) -> None:
+    """``deadline.equivalent_request`` (what the scheduler caches placements by) changes neither the placement
+    nor its savings baselines, with or without extra offers."""
+    from dataclasses import replace
+
+    from policies.placement.deadline import equivalent_request
+
+    cat = make_catalog(offers)
+    extra = [make_offer(0.2, provider="onprem", region="dc1", name="h1", vcpus=64, memory_gib=256)]
+    same = equivalent_request(req, NOW, wait)
+    assert same.deadline is None or same == req
+    assert replace(same, deadline=req.deadline) == req
+    for ex in ((), extra):
+        a = place(req, cat, EGRESS, now=NOW, wait_hours=wait, extra_offers=ex, baselines=True)
+        b = place(same, cat, EGRESS, now=NOW, wait_hours=wait, extra_offers=ex, baselines=True)
+        assert a == b

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from datetime import timedelta
 from pathlib import Path
@@ -186,6 +187,35 @@ def test_the_bulk_writer_stores_what_the_single_writer_stores(store_engine: Engi
     columns = [c for c in DecisionRecord.model_fields if c not in ("id", "job_id")]
     for name in ("bulk-1", "bulk-2"):
         assert {c: getattr(rows[name], c) for c in columns} == {c: getattr(rows["single"], c) for c in columns}
+
+
+def test_the_bulk_writer_stores_the_same_text_across_calls_with_a_shared_memo(store_engine: Engine) -> None:
+    """The bulk writer (SQLite: JSON encoded once per shared value, kept in the memo across calls) stores the
+    very text the single writer stores, with and without a placement (a JSON null), with baselines and not."""
+    import sqlalchemy as sa
+
+    from broker.decisions import JsonMemo, record_decisions
+
+    chosen = make_option("azure", "westeurope", hourly=2.0, hours=3.0, egress=1.5, capacity="spot")
+    runner = make_option("aws", "us-east-1", hourly=1.0, hours=3.0, egress=9.0)
+    req = make_request("train", hours=3.0, deadline=T0 + timedelta(hours=9))
+    placed = make_result(chosen, runner)
+    results = {"placed": placed, "none": make_result(None, runner),
+               "baselines": dataclasses.replace(placed, baselines={"on-demand": runner, "ignore-data": chosen,
+                                                                   "regions": {"aws:us-east-1": 3.0}})}
+    memo = JsonMemo()
+    with Session(store_engine) as s:
+        for name, result in results.items():
+            args = dict(namespace="team-a", request=req, result=result, policy="cost", catalog_version="cat-v1",
+                        now=T0, kind="placement")
+            record_decision(s, job_id=f"single-{name}", **args)  # type: ignore[arg-type]
+            for k in range(2):  # the second call finds the shared values' text in the memo
+                assert record_decisions(s, [dict(args, job_id=f"bulk-{k}-{name}")], memo=memo) == 1
+        s.commit()
+        cols = ", ".join(c for c in DecisionRecord.model_fields if c not in ("id", "job_id"))
+        stored = {r[0]: r[1:] for r in s.execute(sa.text(f"SELECT job_id, {cols} FROM decision_records"))}
+    for name in results:
+        assert stored[f"bulk-0-{name}"] == stored[f"single-{name}"] == stored[f"bulk-1-{name}"]
 
 
 def test_the_bulk_outcome_writer_stores_what_the_single_writer_stores(store_engine: Engine) -> None:
