@@ -125,7 +125,9 @@ def test_broker_edge_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     again = _broker(["ca", "init", "--local"], env)
     assert again.returncode != 0 and again.stderr.count("\n") == 1 and "--force" in again.stderr
     tok = _broker(["devices", "enroll-token", "--namespace", "team-a", "--local"], env)
-    assert tok.returncode == 0 and tok.stdout.strip().startswith("hbe_")
+    assert tok.returncode != 0 and tok.stderr.count("\n") == 1 and "broker namespaces create" in tok.stderr
+    tok = _broker(["devices", "enroll-token", "--namespace", "default", "--local"], env)  # exists from the start
+    assert tok.returncode == 0 and tok.stdout.strip().startswith("hbe_"), tok.stderr
     listed = _broker(["devices", "list", "--json", "--local"], env)
     assert json.loads(listed.stdout) == {"devices": []}
     bad = _broker(["devices", "revoke", "ghost", "--local"], env)
