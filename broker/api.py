@@ -56,7 +56,7 @@ from broker.api_models import (
     documented,
 )
 from broker.errors import ConflictError, ForbiddenError, NotFoundError, SpecError
-from broker.lifecycle import submit_jobs, transition
+from broker.lifecycle import note, submit_jobs, transition
 from broker.model import TERMINAL_STATES, JobState
 from broker.store import AttemptRow, IdempotencyRow, JobEventRow, JobLabelRow, JobRow, Store
 from broker.tenants import (
@@ -445,11 +445,14 @@ def write_submissions(session: Session, subs: list[_Submission], *, clock: Any) 
         by_ns.setdefault(sub.ns, []).append(i)
     answers: list[dict[str, Any]] = []
     for ns, idxs in by_ns.items():
+        autosized = _autosize(session, ns, [subs[i] for i in idxs], now)
         jobs = submit_jobs(
             session, ns, [spec for i in idxs for spec in subs[i].specs], now=now,
             spec_docs=[doc for i in idxs for doc in subs[i].docs],
             priorities=[p for i in idxs for p in priorities[i]],
         )
+        for k, text in autosized.items():
+            note(session, jobs[k]["id"], JobState.PENDING, text, now=now)
         pos = 0
         for i in idxs:
             sub = subs[i]
@@ -462,6 +465,28 @@ def write_submissions(session: Session, subs: list[_Submission], *, clock: Any) 
     if answers:
         session.connection().execute(_idem.insert(), answers)
     return [o for o in outcomes if o is not None]
+
+
+def _autosize(session: Session, ns: str, subs: list[_Submission], now: datetime) -> dict[int, str]:
+    """Lower the requests of the specs that ask for it (``spec.verticalScaling.updateMode: Initial``) to the
+    recommendation from their earlier runs (:func:`broker.ops.vpa.autosize_doc`), in place; returns the
+    event text by position among ``subs``' specs."""
+    out: dict[int, str] = {}
+    pos = 0
+    for sub in subs:
+        for j, spec in enumerate(sub.specs):
+            vs = (spec.raw.get("spec") or {}).get("verticalScaling") or {}
+            if vs.get("updateMode") == "Initial":
+                from broker.ops.vpa import autosize_doc, autosize_text
+                from broker.spec import parse_job_spec
+
+                done = autosize_doc(session, spec.raw, ns, now)
+                if done is not None:
+                    sub.specs[j] = parse_job_spec(done[0], now=sub.now)
+                    sub.docs[j] = json.dumps(sub.specs[j].raw, separators=(",", ":"), default=str)
+                    out[pos + j] = autosize_text(done[1])
+        pos += len(sub.specs)
+    return out
 
 
 def _priority_classes(session: Session) -> dict[str, Any]:

@@ -96,9 +96,12 @@ _SPEC_KEYS = {
     "nodes", "durationHours", "deadline", "data", "placement", "retry", "checkpoint",
     "activeDeadlineSeconds",  # the run's time limit (Kubernetes' name); edge tasks are killed at it
     "livenessProbe", "readinessProbe",  # issue 14: validated by broker.ops.probes
-    "restartPolicy",  # OnFailure (default) | Never: what a failed liveness probe does to an edge task
+    "restartPolicy",  # OnFailure (default) | Never: what a failed liveness probe does (restart, or FAILED)
+    "verticalScaling",  # {updateMode: Off | Initial, minAllowed}: VPA recommendations at submission (issue 14)
 }
 RESTART_POLICIES = ("OnFailure", "Never")
+VPA_UPDATE_MODES = ("Off", "Initial")
+_VPA_KEYS = {"updateMode", "minAllowed"}
 _RESOURCES_KEYS = {"requests", "limits", "accelerator", "arch"}
 _RESOURCE_NAMES = {"cpu", "memory", *_GPU_KEYS, "ephemeral-storage"}
 _DATA_KEYS = {"uri", "location", "sizeGiB"}
@@ -685,6 +688,15 @@ def parse_job_spec(
             interval_minutes=_number(ck.get("intervalMinutes", 15), f"{sp}.checkpoint.intervalMinutes",
                                      lo=0.001, hi=10_000),
         )
+
+    if spec.get("verticalScaling") is not None:  # applied at submission by broker.ops.vpa.autosize_doc
+        vs = _mapping(spec["verticalScaling"], f"{sp}.verticalScaling", _VPA_KEYS)
+        if vs.get("updateMode", "Off") not in VPA_UPDATE_MODES:
+            raise SpecError(f"{sp}.verticalScaling.updateMode",
+                            f"{vs.get('updateMode')!r}: use Off or Initial (requests lowered at submission)")
+        floor = _resources(vs.get("minAllowed"), f"{sp}.verticalScaling.minAllowed")
+        if set(floor) - {"cpu", "memory"}:
+            raise SpecError(f"{sp}.verticalScaling.minAllowed", "only cpu and memory are autosized")
 
     # --- probes (issue 14): Kubernetes-shaped liveness/readiness probes, run by broker.ops.health ---
     from broker.ops.probes import probes_of

@@ -28,7 +28,8 @@ from broker.model import JobState
 from broker.ops.samples import Sample, read_series, record
 from broker.store import JobRow, utc
 
-__all__ = ["Recommendation", "collect_onprem_usage", "vpa_recommendations", "apply_to_spec", "planning_report"]
+__all__ = ["Recommendation", "collect_onprem_usage", "vpa_recommendations", "apply_to_spec", "autosize_doc",
+           "autosize_text", "planning_report", "ORIGINAL_REQUESTS"]
 
 _jobs = JobRow.__table__  # type: ignore[attr-defined]
 MEMORY, CPU = "job_memory_used_gib", "job_cpu_used"
@@ -118,8 +119,7 @@ def vpa_recommendations(session: Any, now: datetime, *, window_days: float = 30.
                 continue
             asked = req[1] if kind == "memory" else req[0]
             peak = float(np.max(s.values))
-            step = 0.25 if kind == "memory" else 0.1
-            rec = math.ceil(peak * (1 + margin) / step - 1e-9) * step
+            rec = _recommended(peak, kind, margin)
             if asked <= 0 or rec >= asked:
                 continue
             if kind == "memory":
@@ -129,6 +129,76 @@ def vpa_recommendations(session: Any, now: datetime, *, window_days: float = 30.
                        f"request {rec:.1f} vCPU")
             out.append(Recommendation(kind, ns, name, asked, peak, rec, len(s), msg))
     return sorted(out, key=lambda r: (r.namespace, r.target, r.kind))
+
+
+def _recommended(peak: float, kind: str, margin: float) -> float:
+    """``peak`` plus ``margin``, rounded up: memory to 0.25 GiB, CPU to 0.1 vCPU."""
+    step = 0.25 if kind == "memory" else 0.1
+    return round(math.ceil(peak * (1 + margin) / step - 1e-9) * step, 4)
+
+
+ORIGINAL_REQUESTS = "vpa.hybrid-broker.io/original-requests"
+
+
+def autosize_doc(session: Any, doc: Mapping[str, Any], namespace: str, now: datetime, *,
+                 window_days: float = 30.0, margin: float = 0.15,
+                 min_runs: int = 3) -> tuple[dict[str, Any], dict[str, dict[str, float]]] | None:
+    """``spec.verticalScaling.updateMode: Initial``: a copy of job document ``doc`` with its per-node cpu and
+    memory requests lowered to the recommendation from the measured runs of the same job (namespace and
+    name, at least ``min_runs`` in ``window_days``), never below ``minAllowed`` and never raised, and what
+    changed (``{"memory": {"requested", "used_max", "runs", "recommended"}}``). The first request is kept in
+    the annotation :data:`ORIGINAL_REQUESTS`. ``None`` when nothing changes (mode Off, too few runs, or the
+    request is already at or below the recommendation)."""
+    from broker.spec import parse_cpu, parse_memory_gib
+
+    spec = doc.get("spec") or {}
+    vs = spec.get("verticalScaling") or {}
+    name = (doc.get("metadata") or {}).get("name")
+    if vs.get("updateMode", "Off") != "Initial" or not name:
+        return None
+    resources = spec.get("resources") or {}
+    requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+    floor = vs.get("minAllowed") or {}
+    asked = {"cpu": parse_cpu(requests.get("cpu", limits.get("cpu", 1)), "cpu"),
+             "memory": parse_memory_gib(requests.get("memory", limits.get("memory", "2Gi")), "memory")}
+    lowest = {"cpu": parse_cpu(floor["cpu"], "cpu") if "cpu" in floor else 0.0,
+              "memory": parse_memory_gib(floor["memory"], "memory") if "memory" in floor else 0.0}
+    since = now - timedelta(days=window_days)
+    changes: dict[str, dict[str, float]] = {}
+    for metric, kind in ((CPU, "cpu"), (MEMORY, "memory")):
+        values = [float(v) for series in read_series(session, metric, selector={"namespace": namespace, "job": name},
+                                                     since=since, until=now) for v in series.values]
+        if len(values) < min_runs:
+            continue
+        peak = max(values)
+        rec = max(_recommended(peak, kind, margin), lowest[kind])
+        if rec < asked[kind] - 1e-9:
+            changes[kind] = {"requested": asked[kind], "used_max": peak, "runs": len(values), "recommended": rec}
+    if not changes:
+        return None
+    out = json.loads(json.dumps(doc))
+    req = out.setdefault("spec", {}).setdefault("resources", {}).setdefault("requests", {})
+    meta = out.setdefault("metadata", {})
+    notes = meta.setdefault("annotations", {})
+    notes.setdefault(ORIGINAL_REQUESTS, f"cpu={asked['cpu']:g},memory={asked['memory']:g}Gi")
+    if "cpu" in changes:
+        req["cpu"] = f"{changes['cpu']['recommended']:g}"
+    if "memory" in changes:
+        req["memory"] = f"{changes['memory']['recommended']:g}Gi"
+    return out, changes
+
+
+def autosize_text(changes: Mapping[str, Mapping[str, float]]) -> str:
+    """One line for the job's event: "memory 32 GiB -> 10.5 GiB (used at most 9.1 GiB over 3 runs); ..."."""
+    parts = []
+    for kind, c in changes.items():
+        if kind == "memory":
+            parts.append(f"memory {_gib(c['requested'])} -> {_gib(c['recommended'])} (used at most "
+                         f"{_gib(c['used_max'])} over {int(c['runs'])} runs)")
+        else:
+            parts.append(f"cpu {c['requested']:g} -> {c['recommended']:g} vCPU (used at most {c['used_max']:.2f} "
+                         f"over {int(c['runs'])} runs)")
+    return "requests lowered by verticalScaling (updateMode Initial): " + "; ".join(parts)
 
 
 def apply_to_spec(doc: Mapping[str, Any], recs: list[Recommendation]) -> dict[str, Any]:

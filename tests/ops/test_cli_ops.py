@@ -9,6 +9,7 @@ import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from broker.clock import ManualClock
 from broker.ops.alerts import AlertEngine, put_rules
@@ -84,3 +85,50 @@ def test_a_vpa_recommendation_lowers_a_later_runs_request_only() -> None:
     out = apply_to_spec(doc, recs)
     assert out["spec"]["resources"]["requests"] == {"cpu": "8", "memory": "10.5Gi"}
     assert doc["spec"]["resources"]["requests"]["memory"] == "32Gi"  # the original is not changed
+
+
+def test_vertical_scaling_initial_lowers_a_recurring_jobs_requests_at_submission(tmp_path: Path) -> None:
+    """``spec.verticalScaling.updateMode: Initial``: the requests of a recurring job's new run are lowered to
+    what its earlier runs used (peak + 15 %, never below ``minAllowed``, never raised); ``Off`` (the default)
+    and a job with too few measured runs keep what they ask. Measured usage is pushed through the API."""
+    import httpx
+
+    from tests.broker.service_support import job_doc
+
+    clock = ManualClock()
+    app = make_app(tmp_path, f"sqlite:///{tmp_path / 'vpa.db'}", clock=clock)
+    days = ((1, 8.2, 0.6), (2, 9.1, 0.9), (3, 7.5, 0.7))
+    pushed = [{"name": "job_memory_used_gib", "labels": {"namespace": "default", "job": "nightly"}, "value": m,
+               "at": (clock.now() - timedelta(days=d)).isoformat()} for d, m, _ in days]
+    pushed += [{"name": "job_cpu_used", "labels": {"namespace": "default", "job": "nightly"}, "value": c,
+                "at": (clock.now() - timedelta(days=d)).isoformat()} for d, _, c in days]
+    pushed += [{"name": "job_memory_used_gib", "labels": {"namespace": "default", "job": "twice"}, "value": 1.0,
+                "at": (clock.now() - timedelta(days=d)).isoformat()} for d in (1, 2)]
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"}) as c:
+        assert c.post("/v1/ops/samples", json={"samples": pushed}).status_code == 200
+
+        def submit(doc: dict[str, Any]) -> dict[str, Any]:
+            r = c.post("/v1/namespaces/default/jobs", json=doc)
+            assert r.status_code == 201, r.text
+            return dict(c.get(f"/v1/namespaces/default/jobs/{r.json()['id']}").json())
+
+        auto = submit(job_doc("nightly", cpu="4", memory="32Gi", verticalScaling={"updateMode": "Initial"}))
+        # memory: 9.1 GiB * 1.15 = 10.465 -> 10.5 GiB; cpu: 0.9 * 1.15 = 1.035 -> 1.1 vCPU
+        assert auto["spec"]["spec"]["resources"]["requests"] == {"cpu": "1.1", "memory": "10.5Gi"}
+        assert auto["spec"]["metadata"]["annotations"]["vpa.hybrid-broker.io/original-requests"] == \
+            "cpu=4,memory=32Gi"
+        (lowered,) = [e for e in auto["events"] if "verticalScaling" in e["reason"]]
+        assert "memory 32.0 GiB -> 10.5 GiB (used at most 9.1 GiB over 3 runs)" in lowered["reason"]
+        assert "cpu 4 -> 1.1 vCPU" in lowered["reason"]
+        floor = submit(job_doc("nightly", cpu="4", memory="32Gi",
+                               verticalScaling={"updateMode": "Initial", "minAllowed": {"memory": "16Gi"}}))
+        assert floor["spec"]["spec"]["resources"]["requests"] == {"cpu": "1.1", "memory": "16Gi"}
+        small = submit(job_doc("nightly", cpu="1", memory="4Gi", verticalScaling={"updateMode": "Initial"}))
+        assert small["spec"]["spec"]["resources"]["requests"] == {"cpu": "1", "memory": "4Gi"}  # never raised
+        off = submit(job_doc("nightly", cpu="4", memory="32Gi"))
+        assert off["spec"]["spec"]["resources"]["requests"] == {"cpu": "4", "memory": "32Gi"}
+        few = submit(job_doc("twice", memory="8Gi", verticalScaling={"updateMode": "Initial"}))
+        assert few["spec"]["spec"]["resources"]["requests"]["memory"] == "8Gi"  # 2 runs: under min_runs
+        assert not any("verticalScaling" in e["reason"] for j in (small, off, few) for e in j["events"])
+        bad = c.post("/v1/namespaces/default/jobs", json=job_doc("nightly", verticalScaling={"updateMode": "Auto"}))
+        assert bad.status_code == 422 and "verticalScaling.updateMode" in bad.text and "Initial" in bad.text
