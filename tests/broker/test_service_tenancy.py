@@ -246,16 +246,19 @@ def test_a_replica_without_the_run_answers_503_then_the_stored_tail_202_to_a_can
     (tmp_path / "b").mkdir()
     other = make_app(tmp_path / "b", store_url)
     with serve_in_thread(other) as url, httpx.Client(base_url=url, headers=ADMIN_H, timeout=30) as b:
+        go = tmp_path / "go"  # the run writes its first line only once told (a capture must not race it)
         job = b.post("/v1/namespaces/default/jobs", json=job_doc(
-            "long", providers=["onprem"], command=["sh", "-c", "echo first-line; sleep 30"])).json()
+            "long", providers=["onprem"],
+            command=["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; echo first-line; sleep 30"])).json()
         path = f"/v1/namespaces/default/jobs/{job['id']}"
         running = _cycles_until(leader, b, "default", job["id"], {"RUNNING"})
         (iid,) = [i["id"] for i in running["instances"]]
-        out = leader.state.hb.providers["onprem"].logs(iid)[0]
-        assert _until(lambda: out.exists() and out.read_text()), "the run wrote its first line"
         early = b.get(f"{path}/logs")
         assert early.status_code == 503 and early.headers["retry-after"] == "2", early.text
         assert "ask again" in early.json()["detail"]
+        go.touch()
+        out = leader.state.hb.providers["onprem"].logs(iid)[0]
+        assert _until(lambda: out.exists() and out.read_text()), "the run wrote its first line"
         leader.state.hb.scheduler.run_cycle()  # the leader's poll stores the tail
         stored = b.get(f"{path}/logs")
         assert (stored.status_code, stored.text, stored.headers["x-log-source"]) == (200, "first-line\n", "stored")

@@ -305,7 +305,10 @@ def test_an_agent_refused_at_suback_retries_until_the_gateway_lets_it_in(tmp_pat
     states: list[bool] = []
     t = None
     try:
-        cert, key = fleet.enroll("late-dev")  # after the gateway's connect-time sync: unknown to the plugin
+        # the connect-time sync runs on the gateway's own thread: once it is done, a device enrolled now stays
+        # unknown to the plugin until the next sync (an hour here)
+        wait_until(lambda: gw.acl_managed is True, 10, "the gateway's connect-time ACL sync")
+        cert, key = fleet.enroll("late-dev")
         t = MqttTransport(client_id="late-dev", host="127.0.0.1", port=fleet.mosq.port,
                           ca_file=str(fleet.ca.directory / "ca.pem"), cert_file=str(cert), key_file=str(key),
                           subscribe=protocol.down_topic("late-dev", "#"), on_message=lambda *_a: None,
