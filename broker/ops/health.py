@@ -50,7 +50,7 @@ _probes = ProbeStateRow.__table__  # type: ignore[attr-defined]
 
 _RUN_COLUMNS = (_jobs.c.id, _jobs.c.namespace, _jobs.c.provider, _jobs.c.region, _jobs.c.placement_json,
                 _jobs.c.instances_json, _jobs.c.request_id, _jobs.c.retries, _jobs.c.spec_json, _jobs.c.created_at,
-                _jobs.c.started_at, _jobs.c.vcpus, _jobs.c.memory_gib, _jobs.c.gpus)
+                _jobs.c.started_at, _jobs.c.vcpus, _jobs.c.memory_gib, _jobs.c.gpus, _jobs.c.cancel_requested_at)
 
 
 def record_heartbeat(session: Any, kind: str, name: str, now: datetime) -> dict[str, Any]:
@@ -278,11 +278,19 @@ class HealthMonitor:
             transitions = []
             charged = []
             outcomes: list[tuple[str, float]] = []
+            seen: set[str] = set()
             for row, reason, data in victims:
-                if row.id not in live or row.id in moved:
+                if row.id not in live or row.id in seen:
                     continue
+                seen.add(row.id)
                 started = utc(row.started_at) if row.started_at else now
                 hours = max(0.0, (now - started).total_seconds() / 3600.0)
+                if getattr(row, "cancel_requested_at", None) is not None:  # never re-place what the user cancelled
+                    transitions.append(Transition(
+                        row.id, JobState.RUNNING, JobState.CANCELLED, data=data,
+                        reason=f"{reason.split(';')[0]}; cancelled as requested (its run was fenced, not re-placed)",
+                        fields={"finished_at": now, "message": "cancelled by user"}))
+                    continue  # not moved: ended
                 if restart:
                     transitions.append(Transition(
                         row.id, JobState.RUNNING, JobState.PENDING, reason=reason, data=data,
@@ -306,7 +314,8 @@ class HealthMonitor:
                 sched.charge_runs(session, charged, now)
         for t in transitions:
             self.state.metrics.transitions.labels(t.to_state.value).inc()
-            self.state.metrics.failovers.labels(why).inc()
+            if t.to_state is not JobState.CANCELLED:
+                self.state.metrics.failovers.labels(why).inc()
             log.warning("job %s: %s", t.job_id, t.reason)
         return moved
 

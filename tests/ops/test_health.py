@@ -187,6 +187,42 @@ def _health_server() -> Iterator[tuple[str, int, dict[str, int]]]:
         server.server_close()
 
 
+def test_a_cancelled_job_on_a_lost_host_ends_cancelled_and_is_never_re_placed(tmp_path: Path) -> None:
+    """The cancel of a run on a host that no replica can reach waits (202); when the host is found lost, the
+    job ends CANCELLED (its run fenced) instead of being re-placed as a lost host's jobs are."""
+    clock = ManualClock()
+    app = _app(tmp_path, f"sqlite:///{tmp_path / 'c.db'}", clock)
+    hb = app.state.hb
+    with hb.store.tx() as session:
+        for host in ("host-a", "host-b"):
+            record_heartbeat(session, "host", host, clock.now())
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as c:
+        doc = job_doc("stuck", command=[sys.executable, "-c", "import time; time.sleep(60)"], providers=["onprem"])
+        job_id = c.post("/v1/namespaces/default/jobs", json=doc, headers=ADMIN_H).json()["id"]
+        hb.scheduler.run_cycle()
+        with hb.store.read() as session:
+            first = _job(session, job_id)
+        assert first.state == "RUNNING"
+        lost = json.loads(first.placement_json)["instance_type"]
+        other = "host-b" if lost == "host-a" else "host-a"
+        with hb.store.tx() as session:  # what a replica that cannot stop the run records (it answers 202)
+            session.execute(sa.update(JobRow.__table__).where(JobRow.__table__.c.id == job_id)  # type: ignore[attr-defined]
+                            .values(cancel_requested_at=clock.now()))
+        clock.advance(61)
+        with hb.store.tx() as session:
+            record_heartbeat(session, "host", other, clock.now())
+        report = hb.ops.health.check(clock.now())
+        assert report.replaced == [] and report.lost == [f"host/{lost}"]
+        hb.scheduler.run_cycle()
+        job = c.get(f"/v1/namespaces/default/jobs/{job_id}", headers=ADMIN_H).json()
+        assert job["state"] == "CANCELLED", job["events"]
+        moves = [(e["from"], e["to"]) for e in job["events"] if e["from"] != e["to"]]
+        assert moves[-1] == ("RUNNING", "CANCELLED") and ("RUNNING", "PENDING") not in moves
+        assert f"host {lost} lost" in job["events"][-1]["reason"]
+        old = [hb.providers["onprem"].instance(i["id"]) for i in json.loads(first.instances_json)]
+        assert old and all(i.state.value == "terminated" for i in old)
+
+
 def test_a_failing_liveness_probe_restarts_the_job_and_readiness_follows_its_probe(tmp_path: Path) -> None:
     clock = ManualClock()
     app = make_app(tmp_path, f"sqlite:///{tmp_path / 'h.db'}", clock=clock)
