@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -56,7 +57,10 @@ def test_the_wheel_the_image_installs_holds_every_package_file_and_runs_apart_fr
     extras include the image's, and installed away from the checkout it is the `broker` that runs."""
     _, args = _dockerfile()
     dist = tmp_path / "dist"
-    built = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(REPO)],
+    src = tmp_path / "src"  # build from a copy: the checkout is shared (other test workers read it) and stays clean
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".venv*", ".git", "build", "dist", "*.egg-info",
+                                                             "__pycache__", "*_cache"))
+    built = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(src)],
                            capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr[-2000:]
     (wheel,) = dist.glob("hybrid_broker-*.whl")
