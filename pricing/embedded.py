@@ -45,7 +45,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from broker.errors import CatalogError
+from broker.errors import CatalogError, SpecError
 from broker.model import Provenance
 from pricing.catalog import Catalog, CatalogBuilder
 
@@ -238,6 +238,7 @@ class PriceChange:
     provider: str
     instance_type: str
     capacity: str
+    accelerator: str  # the GPU model of the type ("" for none): names it when a GPU query comes back empty
     effective: str
     source_url: str
     note: str
@@ -258,6 +259,13 @@ def load_price_changes(path: str | Path | None = None) -> list[PriceChange]:
                     datetime.fromisoformat(change.effective)
                     if change.capacity not in ("on-demand", "spot") or not change.source_url:
                         raise ValueError("capacity must be on-demand or spot, and source_url set")
+                    if change.accelerator:
+                        from broker.spec import normalize_accelerator
+
+                        try:
+                            change = replace(change, accelerator=normalize_accelerator(change.accelerator))
+                        except SpecError as exc:
+                            raise ValueError(exc.message) from None
                 except (KeyError, ValueError, TypeError) as exc:
                     raise CatalogError(f"{p}:{n}: bad price-change row ({exc}). To fix: see the header") from None
                 out.append(change)

@@ -178,11 +178,11 @@ def _superseded_types(cat: Any, provider: str, acc: str | None, capacity: str) -
     as superseded by a dated price change, when the catalog counts any."""
     if not any(p.provider == provider and p.superseded for p in cat.provenance):
         return []
-    from pricing.embedded import EC2_ACCELERATORS, load_price_changes
+    from pricing.embedded import load_price_changes
 
     return sorted(ch.instance_type for ch in load_price_changes()
                   if ch.provider == provider and ch.capacity == capacity
-                  and (acc is None or EC2_ACCELERATORS.get(ch.instance_type.split(".")[0]) == acc))
+                  and (acc is None or ch.accelerator.upper() == acc.upper()))
 
 
 @catalog_app.command("info")

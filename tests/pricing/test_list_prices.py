@@ -166,3 +166,28 @@ def test_the_price_change_table_is_dated_and_sourced_and_a_bad_row_names_its_lin
     bad.write_text("\n".join([lines[0], lines[1].replace(",2025-06-01,", ",June,")]) + "\n")
     with pytest.raises(CatalogError, match=r"changes.csv:2: bad price-change row"):
         load_price_changes(bad)
+    bad.write_text("\n".join([lines[0], lines[1].replace(",A100,", ",A1000,")]) + "\n")
+    with pytest.raises(CatalogError, match=r"changes.csv:2: bad price-change row .*unknown accelerator 'A1000'"):
+        load_price_changes(bad)
+
+
+def test_a_superseded_type_of_any_provider_is_named_by_its_accelerator_column(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The empty-query hint reads the accelerator from the dated table, not from one cloud's family names."""
+    import pricing.embedded as embedded
+    from broker.cli.catalog import _superseded_types
+
+    table = tmp_path / "changes.csv"
+    table.write_text("provider,instance_type,capacity,accelerator,effective,source_url,note\n"
+                     "gcp,a3-highgpu-8g,on-demand,h100,2026-01-01,https://cloud.google.com/compute/gpus-pricing,x\n"
+                     "gcp,n2-standard-8,on-demand,,2026-01-01,https://cloud.google.com/compute/all-pricing,x\n")
+    changes = load_price_changes(table)
+    assert [c.accelerator for c in changes] == ["H100", ""]
+    monkeypatch.setattr(embedded, "load_price_changes", lambda path=None: changes)
+
+    class Cat:
+        provenance = [type("P", (), {"provider": "gcp", "superseded": 2})()]
+
+    assert _superseded_types(Cat(), "gcp", "H100", "on-demand") == ["a3-highgpu-8g"]
+    assert _superseded_types(Cat(), "gcp", None, "on-demand") == ["a3-highgpu-8g", "n2-standard-8"]
+    assert _superseded_types(Cat(), "gcp", "A100", "on-demand") == []
