@@ -1529,7 +1529,8 @@ class Scheduler:
         blocklist a wave's capacity errors filled steers the next wave (within a wave, jobs do not see each
         other's errors). Providers' ``launch`` is idempotent per request id; the on-prem, Slurm and dry-run
         pools are safe to call from several threads (each locks its own state, and Slurm runs a client
-        command per call). The default of 1 keeps other adapters' launches one at a time."""
+        command per call); the cloud adapters are tested with waves of 4 against moto and the Azure/GCP fakes
+        (``tests/providers/test_providers_broker_jobs.py``). The default of 1 keeps launches one at a time."""
         width = max(1, int(self.launch_concurrency))
         outcomes: list[tuple[QueuedJob, str, Any]] = []
         with contextlib.ExitStack() as stack:

@@ -440,3 +440,25 @@ def test_a_dry_run_job_ends_flagged_as_simulated(tmp_path: Path) -> None:
         assert end["data"]["simulated_usd"] >= 0
     finally:
         b.close()
+
+
+def test_concurrent_launch_waves_run_each_job_once_and_leave_nothing(broker: Broker) -> None:
+    """``BROKER_SCHEDULER_LAUNCH_CONCURRENCY`` 4: one cycle launches its jobs in waves of 4 at once through the
+    cloud's real SDK; each job gets one instance, runs once, succeeds, and nothing is left."""
+    sched = broker.hb.scheduler
+    before = sched.launch_concurrency
+    sched.launch_concurrency = 4
+    try:
+        jobs = [broker.submit(f"wave-{i}", ["sh", "-c", f"echo job {i}"]) for i in range(6)]
+        for job in jobs:
+            done = broker.until(job, {"SUCCEEDED", "FAILED"}, timeout=90.0)
+            assert (done["state"], done["exit_code"]) == ("SUCCEEDED", 0), done.get("message")
+        for i, job in enumerate(jobs):
+            got = broker.get(job)
+            moves = [(e["from"], e["to"]) for e in got["events"] if e["from"] != e["to"]]
+            assert moves.count(("PROVISIONING", "RUNNING")) == 1 and len(got["instances"]) == 1, moves
+            assert broker.logs(job) == f"job {i}\n"
+        broker.until(jobs[-1], {"SUCCEEDED"})  # one more cycle: stopped VMs deleted after their reports
+        assert broker.cloud.inventory() == []
+    finally:
+        sched.launch_concurrency = before
