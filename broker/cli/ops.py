@@ -42,6 +42,9 @@ def alerts_list(
     if as_json:
         print(json.dumps(items, indent=2))
         return
+    if not items:
+        print("no alerts")
+        return
     from rich.console import Console
     from rich.table import Table
 
@@ -51,8 +54,6 @@ def alerts_list(
         table.add_row(str(a["id"]), a["state"], a["severity"], a["rule"], labels, f"{a['value']:.4g}",
                       a["fired_at"] or a["started_at"], a["root_cause"] or "-")
     Console(width=200).print(table)
-    if not items:
-        print("no alerts")
 
 
 @alerts_app.command("apply")

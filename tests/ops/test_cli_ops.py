@@ -44,6 +44,8 @@ def test_alerts_history_and_recommendations_commands(tmp_path: Path) -> None:
 
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"}) as c:
             c.post("/v1/namespaces/default/jobs", json=job_doc("nightly", memory="32Gi"))
+        r = _run(["alerts", "list"], url)
+        assert (r.returncode, r.stdout) == (0, "no alerts\n")  # one line, not an empty table
         AlertEngine(store, clock).evaluate()
 
         r = _run(["alerts", "list", "--json"], url)
