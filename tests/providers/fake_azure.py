@@ -14,6 +14,7 @@ size it ends ``Failed``, as the real one does. A VM's custom data runs in a
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import threading
@@ -97,6 +98,14 @@ def make_app(page_size: int = 4) -> FastAPI:
     vms: dict[tuple[str, str, str], dict[str, Any]] = {}
     ops: dict[str, int] = {}
     app.state.vms = vms
+    serial = asyncio.Lock()
+
+    @app.middleware("http")
+    async def one_request_at_a_time(request: Request, call_next: Any) -> Any:
+        """Each request applies atomically to the fake's state (the broker may launch several VMs at once;
+        ARM is consistent per request, and the fake's dicts must not change under a listing)."""
+        async with serial:
+            return await call_next(request)
 
     @app.get("/subscriptions/{sub}/providers/Microsoft.Compute/skus")
     def skus(sub: str, request: Request) -> dict[str, Any]:

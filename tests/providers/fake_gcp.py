@@ -24,6 +24,7 @@ adapter and Libcloud's GCE driver call:
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import re
@@ -345,6 +346,8 @@ def make_app(project: str = "demo-proj", page_cap: int = 2, sku_page_cap: int = 
         expire = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=int(float(str(lifetime)[:-1])))
         return JSONResponse({"accessToken": tok, "expireTime": expire.strftime("%Y-%m-%dT%H:%M:%SZ")})
 
+    serial = asyncio.Lock()
+
     @app.middleware("http")
     async def record(request: Request, call_next: Any) -> Response:
         app.state.requests.append((request.method, request.url.path))
@@ -354,7 +357,8 @@ def make_app(project: str = "demo-proj", page_cap: int = 2, sku_page_cap: int = 
         if request.url.path.startswith("/compute/") and not request.headers.get("authorization", "").startswith(
                 "Bearer "):
             return _error(401, "required", "Login Required.")
-        return await call_next(request)
+        async with serial:  # each request applies atomically (the broker may launch several VMs at once)
+            return await call_next(request)
 
     def zone_doc(z: str) -> dict[str, Any]:
         return {"kind": "compute#zone", "id": str(2000 + list(ZONES).index(z)), "name": z, "status": "UP",
