@@ -445,12 +445,10 @@ def write_submissions(session: Session, subs: list[_Submission], *, clock: Any) 
         by_ns.setdefault(sub.ns, []).append(i)
     answers: list[dict[str, Any]] = []
     for ns, idxs in by_ns.items():
-        autosized = _autosize(session, ns, [subs[i] for i in idxs], now)
-        jobs = submit_jobs(
-            session, ns, [spec for i in idxs for spec in subs[i].specs], now=now,
-            spec_docs=[doc for i in idxs for doc in subs[i].docs],
-            priorities=[p for i in idxs for p in priorities[i]],
-        )
+        specs, docs, autosized = _autosize(session, ns, [spec for i in idxs for spec in subs[i].specs],
+                                           [doc for i in idxs for doc in subs[i].docs], now)
+        jobs = submit_jobs(session, ns, specs, now=now, spec_docs=docs,
+                           priorities=[p for i in idxs for p in priorities[i]])
         for k, text in autosized.items():
             note(session, jobs[k]["id"], JobState.PENDING, text, now=now)
         pos = 0
@@ -467,26 +465,27 @@ def write_submissions(session: Session, subs: list[_Submission], *, clock: Any) 
     return [o for o in outcomes if o is not None]
 
 
-def _autosize(session: Session, ns: str, subs: list[_Submission], now: datetime) -> dict[int, str]:
-    """Lower the requests of the specs that ask for it (``spec.verticalScaling.updateMode: Initial``) to the
-    recommendation from their earlier runs (:func:`broker.ops.vpa.autosize_doc`), in place; returns the
-    event text by position among ``subs``' specs."""
-    out: dict[int, str] = {}
-    pos = 0
-    for sub in subs:
-        for j, spec in enumerate(sub.specs):
-            vs = (spec.raw.get("spec") or {}).get("verticalScaling") or {}
-            if vs.get("updateMode") == "Initial":
-                from broker.ops.vpa import autosize_doc, autosize_text
-                from broker.spec import parse_job_spec
+def _autosize(session: Session, ns: str, specs: list[Any], docs: list[str], now: datetime
+              ) -> tuple[list[Any], list[str], dict[int, str]]:
+    """The specs and stored documents to write, with the requests of those that ask for it
+    (``spec.verticalScaling.updateMode: Initial``) lowered to the recommendation from their earlier runs
+    (:func:`broker.ops.vpa.autosize_doc`), and the event text by position. New lists: a submission is
+    never changed, so a batch written again after a rollback is lowered (and noted) again."""
+    specs, docs = list(specs), list(docs)
+    notes: dict[int, str] = {}
+    usage: dict[tuple[str, str], dict[str, list[float]]] = {}  # measured once per job name of the batch
+    for k, spec in enumerate(specs):
+        if ((spec.raw.get("spec") or {}).get("verticalScaling") or {}).get("updateMode") != "Initial":
+            continue
+        from broker.ops.vpa import autosize_doc, autosize_text
+        from broker.spec import parse_job_spec
 
-                done = autosize_doc(session, spec.raw, ns, now)
-                if done is not None:
-                    sub.specs[j] = parse_job_spec(done[0], now=sub.now)
-                    sub.docs[j] = json.dumps(sub.specs[j].raw, separators=(",", ":"), default=str)
-                    out[pos + j] = autosize_text(done[1])
-        pos += len(sub.specs)
-    return out
+        done = autosize_doc(session, spec.raw, ns, now, usage=usage)
+        if done is not None:
+            specs[k] = parse_job_spec(done[0], now=now)
+            docs[k] = json.dumps(specs[k].raw, separators=(",", ":"), default=str)
+            notes[k] = autosize_text(done[1])
+    return specs, docs, notes
 
 
 def _priority_classes(session: Session) -> dict[str, Any]:

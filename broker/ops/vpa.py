@@ -29,7 +29,7 @@ from broker.ops.samples import Sample, read_series, record
 from broker.store import JobRow, utc
 
 __all__ = ["Recommendation", "collect_onprem_usage", "vpa_recommendations", "apply_to_spec", "autosize_doc",
-           "autosize_text", "planning_report", "ORIGINAL_REQUESTS"]
+           "autosize_text", "measured_usage", "planning_report", "ORIGINAL_REQUESTS"]
 
 _jobs = JobRow.__table__  # type: ignore[attr-defined]
 MEMORY, CPU = "job_memory_used_gib", "job_cpu_used"
@@ -118,37 +118,52 @@ def vpa_recommendations(session: Any, now: datetime, *, window_days: float = 30.
             if req is None:
                 continue
             asked = req[1] if kind == "memory" else req[0]
-            peak = float(np.max(s.values))
-            rec = _recommended(peak, kind, margin)
-            if asked <= 0 or rec >= asked:
-                continue
-            if kind == "memory":
-                msg = f"{name}: asks {_gib(asked)}, used at most {_gib(peak)} over {len(s)} runs; request {_gib(rec)}"
-            else:
-                msg = (f"{name}: asks {asked:g} vCPU, used at most {peak:.2f} over {len(s)} runs; "
-                       f"request {rec:.1f} vCPU")
-            out.append(Recommendation(kind, ns, name, asked, peak, rec, len(s), msg))
+            rec = _recommend(kind, ns, name, asked, s.values, margin)
+            if rec is not None:
+                out.append(rec)
     return sorted(out, key=lambda r: (r.namespace, r.target, r.kind))
 
 
-def _recommended(peak: float, kind: str, margin: float) -> float:
-    """``peak`` plus ``margin``, rounded up: memory to 0.25 GiB, CPU to 0.1 vCPU."""
+def _recommend(kind: str, namespace: str, name: str, asked: float, used: Any, margin: float,
+               floor: float = 0.0) -> Recommendation | None:
+    """The recommendation for ``kind`` (memory or cpu) from the measured values ``used``: their peak plus
+    ``margin``, rounded up (memory to 0.25 GiB, CPU to 0.1 vCPU), at least ``floor``; ``None`` when that is
+    not below ``asked`` (a recommendation never raises a request)."""
+    peak = float(np.max(used))
     step = 0.25 if kind == "memory" else 0.1
-    return round(math.ceil(peak * (1 + margin) / step - 1e-9) * step, 4)
+    rec = max(round(math.ceil(peak * (1 + margin) / step - 1e-9) * step, 4), floor)
+    if asked <= 0 or rec >= asked - 1e-9:
+        return None
+    if kind == "memory":
+        msg = f"{name}: asks {_gib(asked)}, used at most {_gib(peak)} over {len(used)} runs; request {_gib(rec)}"
+    else:
+        msg = f"{name}: asks {asked:g} vCPU, used at most {peak:.2f} over {len(used)} runs; request {rec:.1f} vCPU"
+    return Recommendation(kind, namespace, name, asked, peak, rec, len(used), msg)
 
 
 ORIGINAL_REQUESTS = "vpa.hybrid-broker.io/original-requests"
 
 
+def measured_usage(session: Any, namespace: str, name: str, now: datetime, *,
+                   window_days: float = 30.0) -> dict[str, list[float]]:
+    """The measured values of job ``name`` of ``namespace`` in the last ``window_days``, by kind (``cpu``,
+    ``memory``), one per measured run."""
+    since = now - timedelta(days=window_days)
+    return {kind: [float(v) for series in read_series(session, metric, selector={"namespace": namespace, "job": name},
+                                                      since=since, until=now) for v in series.values]
+            for metric, kind in ((CPU, "cpu"), (MEMORY, "memory"))}
+
+
 def autosize_doc(session: Any, doc: Mapping[str, Any], namespace: str, now: datetime, *,
-                 window_days: float = 30.0, margin: float = 0.15,
-                 min_runs: int = 3) -> tuple[dict[str, Any], dict[str, dict[str, float]]] | None:
+                 margin: float = 0.15, min_runs: int = 3,
+                 usage: dict[tuple[str, str], dict[str, list[float]]] | None = None,
+                 ) -> tuple[dict[str, Any], list[Recommendation]] | None:
     """``spec.verticalScaling.updateMode: Initial``: a copy of job document ``doc`` with its per-node cpu and
-    memory requests lowered to the recommendation from the measured runs of the same job (namespace and
-    name, at least ``min_runs`` in ``window_days``), never below ``minAllowed`` and never raised, and what
-    changed (``{"memory": {"requested", "used_max", "runs", "recommended"}}``). The first request is kept in
-    the annotation :data:`ORIGINAL_REQUESTS`. ``None`` when nothing changes (mode Off, too few runs, or the
-    request is already at or below the recommendation)."""
+    memory requests lowered (:func:`apply_to_spec`) to the recommendations from the measured runs of the same
+    job (:func:`measured_usage`, at least ``min_runs``), never below ``minAllowed``, and those
+    recommendations. The first request is kept in the annotation :data:`ORIGINAL_REQUESTS`. ``None`` when
+    nothing changes (mode Off, too few runs, or the request is already at or below the recommendation).
+    ``usage`` caches :func:`measured_usage` by (namespace, name) across calls (a burst of one job)."""
     from broker.spec import parse_cpu, parse_memory_gib
 
     spec = doc.get("spec") or {}
@@ -163,46 +178,35 @@ def autosize_doc(session: Any, doc: Mapping[str, Any], namespace: str, now: date
              "memory": parse_memory_gib(requests.get("memory", limits.get("memory", "2Gi")), "memory")}
     lowest = {"cpu": parse_cpu(floor["cpu"], "cpu") if "cpu" in floor else 0.0,
               "memory": parse_memory_gib(floor["memory"], "memory") if "memory" in floor else 0.0}
-    since = now - timedelta(days=window_days)
-    changes: dict[str, dict[str, float]] = {}
-    for metric, kind in ((CPU, "cpu"), (MEMORY, "memory")):
-        values = [float(v) for series in read_series(session, metric, selector={"namespace": namespace, "job": name},
-                                                     since=since, until=now) for v in series.values]
-        if len(values) < min_runs:
-            continue
-        peak = max(values)
-        rec = max(_recommended(peak, kind, margin), lowest[kind])
-        if rec < asked[kind] - 1e-9:
-            changes[kind] = {"requested": asked[kind], "used_max": peak, "runs": len(values), "recommended": rec}
-    if not changes:
+    usage = {} if usage is None else usage
+    if (namespace, name) not in usage:
+        usage[(namespace, name)] = measured_usage(session, namespace, name, now)
+    recs = [r for kind, values in usage[(namespace, name)].items() if len(values) >= min_runs
+            if (r := _recommend(kind, namespace, name, asked[kind], values, margin, lowest[kind])) is not None]
+    if not recs:
         return None
-    out = json.loads(json.dumps(doc))
-    req = out.setdefault("spec", {}).setdefault("resources", {}).setdefault("requests", {})
-    meta = out.setdefault("metadata", {})
-    notes = meta.setdefault("annotations", {})
-    notes.setdefault(ORIGINAL_REQUESTS, f"cpu={asked['cpu']:g},memory={asked['memory']:g}Gi")
-    if "cpu" in changes:
-        req["cpu"] = f"{changes['cpu']['recommended']:g}"
-    if "memory" in changes:
-        req["memory"] = f"{changes['memory']['recommended']:g}Gi"
-    return out, changes
+    out = apply_to_spec(doc, recs)
+    out.setdefault("metadata", {}).setdefault("annotations", {}).setdefault(
+        ORIGINAL_REQUESTS, f"cpu={asked['cpu']:g},memory={asked['memory']:g}Gi")
+    return out, recs
 
 
-def autosize_text(changes: Mapping[str, Mapping[str, float]]) -> str:
+def autosize_text(recs: list[Recommendation]) -> str:
     """One line for the job's event: "memory 32 GiB -> 10.5 GiB (used at most 9.1 GiB over 3 runs); ..."."""
     parts = []
-    for kind, c in changes.items():
-        if kind == "memory":
-            parts.append(f"memory {_gib(c['requested'])} -> {_gib(c['recommended'])} (used at most "
-                         f"{_gib(c['used_max'])} over {int(c['runs'])} runs)")
+    for r in recs:
+        if r.kind == "memory":
+            parts.append(f"memory {_gib(r.requested)} -> {_gib(r.recommended)} (used at most "
+                         f"{_gib(r.used_max)} over {r.runs} runs)")
         else:
-            parts.append(f"cpu {c['requested']:g} -> {c['recommended']:g} vCPU (used at most {c['used_max']:.2f} "
-                         f"over {int(c['runs'])} runs)")
+            parts.append(f"cpu {r.requested:g} -> {r.recommended:g} vCPU (used at most {r.used_max:.2f} "
+                         f"over {r.runs} runs)")
     return "requests lowered by verticalScaling (updateMode Initial): " + "; ".join(parts)
 
 
 def apply_to_spec(doc: Mapping[str, Any], recs: list[Recommendation]) -> dict[str, Any]:
-    """A copy of job document ``doc`` with its requests lowered to the recommendations for its name."""
+    """A copy of job document ``doc`` with its requests lowered to the recommendations for its name (memory
+    as ``<GiB>Gi``, cpu as vCPUs)."""
     out = json.loads(json.dumps(doc))
     name = out.get("metadata", {}).get("name")
     req = out.setdefault("spec", {}).setdefault("resources", {}).setdefault("requests", {})
