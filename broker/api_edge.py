@@ -190,16 +190,11 @@ def create_token(
 ) -> dict[str, Any]:
     """Issue a one-time, expiring enrollment token for a namespace (admin). Only its hash is stored. The
     namespace must exist (404 otherwise): a device enrolled into no namespace could never get work."""
-    from broker.tenants import namespace_exists
-
-    if body.namespace and not namespace_exists(session, body.namespace):
-        raise HTTPException(status_code=404, detail=f"namespace {body.namespace!r} not found. To fix: create it "
-                                                    "first (broker namespaces create NAME) or check the name")
     now = clock.now()
     try:
         token = devices.create_enroll_token(session, body.namespace, now=now, ttl_seconds=body.ttl_seconds,
                                             labels=body.labels)
-    except SpecError as exc:
+    except (SpecError, NotFoundError) as exc:
         raise _http(exc) from None
     return {"token": token, "namespace": body.namespace, "labels": body.labels,
             "expires_at": (now + timedelta(seconds=body.ttl_seconds)).isoformat()}

@@ -176,11 +176,17 @@ def _labels(value: Any, field: str) -> dict[str, str]:
 def create_enroll_token(session: Session, namespace: str, *, now: datetime, ttl_seconds: float = 3600,
                         labels: Any = None) -> str:
     """Issue a one-time token for ``namespace`` valid ``ttl_seconds``; returns the token (shown once). The
-    device it enrolls gets ``labels`` (Kubernetes-style, :func:`broker.spec.validate_labels`)."""
+    device it enrolls gets ``labels`` (Kubernetes-style, :func:`broker.spec.validate_labels`). Raises
+    :class:`NotFoundError` when the namespace does not exist."""
     if not namespace or len(namespace) > 128:
         raise SpecError("namespace", "must be 1-128 characters. To fix: pass --namespace NAME")
     if ttl_seconds <= 0:
         raise SpecError("ttl_seconds", "must be positive. To fix: pass a positive --ttl")
+    from broker.tenants import namespace_exists
+
+    if not namespace_exists(session, namespace):  # a device enrolled into no namespace could never get work
+        raise NotFoundError(f"namespace {namespace!r} not found. To fix: create it first (broker namespaces create "
+                            "NAME) or check the name")
     given = _labels(labels, "labels")
     token = pki.new_token()
     session.add(EnrollTokenRow(token_sha256=pki.hash_token(token), namespace=namespace, created_at=now,

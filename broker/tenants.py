@@ -45,6 +45,7 @@ __all__ = [
     "TokenCache",
     "TOKEN_CACHE_TTL_SECONDS",
     "DEFAULT_NAMESPACE",
+    "ensure_default_namespace",
 ]
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -231,6 +232,13 @@ class TokenCache:
             self._entries.clear()
 
 
+def ensure_default_namespace(session: Session, *, now: datetime) -> None:
+    """Create the ``default`` namespace when it does not exist (no commit)."""
+    if session.get(NamespaceRow, DEFAULT_NAMESPACE) is None:
+        session.add(NamespaceRow(name=DEFAULT_NAMESPACE, created_at=now))
+        session.flush()
+
+
 def ensure_admin_token(store: Store, *, now: datetime, configured: str | None = None) -> str | None:
     """At first start, create the admin token (``configured`` when given, else a random one) and the
     ``default`` namespace; return the secret so the caller prints it once. Later starts return None.
@@ -241,7 +249,6 @@ def ensure_admin_token(store: Store, *, now: datetime, configured: str | None = 
         ).first()
         if has_admin is not None:
             return None
-        if session.get(NamespaceRow, DEFAULT_NAMESPACE) is None:
-            session.add(NamespaceRow(name=DEFAULT_NAMESPACE, created_at=now))
+        ensure_default_namespace(session, now=now)
         _, secret = create_token(session, None, now=now, description="admin (first start)", secret=configured)
         return secret

@@ -114,17 +114,12 @@ def enroll_token(
         typer.echo(_api("POST", "/v1/edge/enroll-tokens", json={"namespace": namespace, "ttl_seconds": ttl,
                                                                "labels": labels})["token"])
         return
-    from broker.errors import NotFoundError
-    from broker.tenants import DEFAULT_NAMESPACE, NamespaceRow, namespace_exists
+    from broker.tenants import DEFAULT_NAMESPACE, ensure_default_namespace
 
     store = _store(_settings())
     with store.tx() as s:
-        if namespace == DEFAULT_NAMESPACE and not namespace_exists(s, namespace):
-            s.add(NamespaceRow(name=DEFAULT_NAMESPACE, created_at=utcnow()))  # `broker serve` makes it at first start
-            s.flush()
-        if not namespace_exists(s, namespace):  # as the API: a device in no namespace could never get work
-            raise NotFoundError(f"namespace {namespace!r} not found. To fix: create it first (broker namespaces "
-                                "create NAME) or check the name")
+        if namespace == DEFAULT_NAMESPACE:  # `broker serve` makes it at its first start
+            ensure_default_namespace(s, now=utcnow())
         token = devices.create_enroll_token(s, namespace, now=utcnow(), ttl_seconds=ttl, labels=labels)
     typer.echo(token)
 

@@ -17,6 +17,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from broker import devices
+from broker.clock import utcnow
+from broker.tenants import create_namespace
 from edge import pki
 from edge.agent.config import AgentConfig
 from edge.agent.enroll import EnrollError, enroll, renew
@@ -49,9 +51,6 @@ def test_enroll_renew_list_revoke_and_crl(tmp_path: Path, edge_api: Any, store: 
         assert len(c.get("/v1/edge/probe", params={"bytes": 1000}).content) == 1000
         tok = c.post("/v1/edge/enroll-tokens", json={"namespace": "team-b", "ttl_seconds": 60}, headers=ADMIN)
         assert tok.status_code == 404 and "broker namespaces create" in tok.json()["detail"]  # no such namespace
-        from broker.clock import utcnow
-        from broker.tenants import create_namespace
-
         with store.tx() as session:
             create_namespace(session, "team-b", now=utcnow())
         tok = c.post("/v1/edge/enroll-tokens", json={"namespace": "team-b", "ttl_seconds": 60}, headers=ADMIN)
@@ -159,6 +158,10 @@ def test_broker_edge_commands_go_through_the_api_of_a_running_broker(
     server = x509.load_pem_x509_certificate((fresh_ca.directory / "server.pem").read_bytes())
     assert "mqtt.example" in server.extensions.get_extension_for_class(
         x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    tok = _broker(["devices", "enroll-token", "--namespace", "team-a", "--ttl", "60"], capsys)
+    assert tok.returncode == 1 and "(HTTP 404)" in tok.stderr and "broker namespaces create" in tok.stderr
+    with store.tx() as s:
+        create_namespace(s, "team-a", now=utcnow())
     tok = _broker(["devices", "enroll-token", "--namespace", "team-a", "--ttl", "60"], capsys)
     assert tok.returncode == 0 and tok.stdout.strip().startswith("hbe_")
     cfg = enroll(edge_api.url, tok.stdout.strip(), tmp_path / "dev", device_id="remote-dev")  # the server's token
