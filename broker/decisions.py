@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -141,6 +142,7 @@ class JsonMemo:
         self.size = size
         self._hits: OrderedDict[int, tuple[Any, Any]] = OrderedDict()
         self._texts: JsonMemo | None = None
+        self._lock = threading.Lock()  # launch threads share the scheduler's option memo
 
     @property
     def texts(self) -> JsonMemo:
@@ -151,14 +153,17 @@ class JsonMemo:
 
     def get(self, obj: Any, convert: Callable[[Any], Any]) -> Any:
         key = id(obj)
-        hit = self._hits.get(key)
-        if hit is None or hit[0] is not obj:
-            hit = self._hits[key] = (obj, convert(obj))
+        with self._lock:
+            hit = self._hits.get(key)
+            if hit is not None and hit[0] is obj:
+                self._hits.move_to_end(key)
+                return hit[1]
+        value = convert(obj)
+        with self._lock:
+            self._hits[key] = (obj, value)
             if len(self._hits) > self.size:
                 self._hits.popitem(last=False)
-        else:
-            self._hits.move_to_end(key)
-        return hit[1]
+        return value
 
 
 def request_to_dict(request: Request) -> dict[str, Any]:

@@ -58,6 +58,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -324,26 +325,28 @@ def _nodes_that_fit(free: dict[str, float] | None, request: Request) -> int:
     return int(max(0.0, min(n, 10_000.0)))
 
 
-def _option_json(option: PlacementOption, extra: dict[str, str] | None = None) -> str:
-    if not extra:  # kept placements' options recur in every cycle: their JSON is kept beside them
-        hit = _OPTION_JSON.get(id(option))
-        if hit is not None and hit[0] is option:
-            return hit[1]
+def _option_dict(option: PlacementOption) -> dict[str, Any]:
     d = option.to_dict()
     d["site"] = option.site
     d["finish_hours"] = option.finish_hours
     d["arch"] = option.arch
-    if extra:  # a warm pool's binding (pool, pool_instance)
-        d.update(extra)
-        return json.dumps(d)
-    text = json.dumps(d)
-    if len(_OPTION_JSON) >= 4096:
-        _OPTION_JSON.clear()
-    _OPTION_JSON[id(option)] = (option, text)  # the option is held: its id is not reused while the entry lives
-    return text
+    return d
 
 
-_OPTION_JSON: dict[int, tuple[PlacementOption, str]] = {}
+def _option_json(option: PlacementOption, extra: dict[str, str] | None = None) -> str:
+    """The stored placement of ``option`` (with a warm pool's binding ``extra``: pool, pool_instance). Kept
+    placements' options recur in every cycle, so their JSON is kept beside them (:func:`_option_memo`)."""
+    if extra:
+        return json.dumps(_option_dict(option) | extra)
+    return str(_option_memo().get(option, lambda o: json.dumps(_option_dict(o))))
+
+
+@functools.lru_cache(maxsize=1)
+def _option_memo() -> Any:
+    """The process's memo of option JSON (:class:`broker.decisions.JsonMemo`: by identity, bounded, LRU)."""
+    from broker.decisions import JsonMemo
+
+    return JsonMemo()
 
 
 class _Stopping(Exception):
