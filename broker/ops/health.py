@@ -285,7 +285,7 @@ class HealthMonitor:
                 seen.add(row.id)
                 started = utc(row.started_at) if row.started_at else now
                 hours = max(0.0, (now - started).total_seconds() / 3600.0)
-                if getattr(row, "cancel_requested_at", None) is not None:  # never re-place what the user cancelled
+                if row.cancel_requested_at is not None:  # never re-place what the user cancelled
                     transitions.append(Transition(
                         row.id, JobState.RUNNING, JobState.CANCELLED, data=data,
                         reason=f"{reason.split(';')[0]}; cancelled as requested (its run was fenced, not re-placed)",
